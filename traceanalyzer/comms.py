@@ -1,0 +1,467 @@
+"""Normalise the communication of one rank's trace into ``comms`` rows, whatever the dialect.
+
+Dialects (see the ``comms`` table in :mod:`traceanalyzer.schema`):
+
+* **nccl** (2024+): ``c10d::<op>`` > ``record_param_comms`` (args: Collective name, msg nelems,
+  dtype, Process Group Name/Description/Ranks, Seq) > ``nccl:<op>`` annotation, which launches the
+  ``ncclKernel_*`` / ``ncclDevKernel_*`` kernel (same args on the kernel in newer traces).
+* **nccl_legacy** (2022-23): a bare ``record_param_comms`` and the ``nccl:<op>`` annotation with
+  ``Input Dims``/``Input type``; no process group.
+* **gloo**: ``c10d::<op>`` enqueues on the caller thread; a ``gloo:<op>`` span executes it on one of
+  the process group's ``pt_gloo_runloop`` threads (collectives) or on the caller thread (p2p).
+  Each group has its own runloop threads, created when the group is created; a group's queue is
+  FIFO, so the k-th enqueue of a group runs as the k-th span on that group's threads.
+* **symm_mem** / **kernel_only**: non-NCCL communication kernels and communication kernels
+  whose CPU side is missing (sampled or cut traces).
+
+The autograd ``Sequence number`` arg is never used: it numbers autograd nodes, not collectives.
+"""
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict, deque
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from . import schema as S
+from .kineto.build import parse_rank_list
+
+#: Bytes per element for the dtype spellings found in traces (record_param_comms, Input type).
+DTYPE_BYTES = {
+    "float": 4, "float32": 4, "int": 4, "int32": 4, "uint32": 4,
+    "double": 8, "float64": 8, "long": 8, "int64": 8, "long int": 8, "uint64": 8,
+    "complexfloat": 8, "complexdouble": 16,
+    "half": 2, "float16": 2, "bfloat16": 2, "short": 2, "int16": 2, "uint16": 2,
+    "char": 1, "signed char": 1, "unsigned char": 1, "byte": 1, "int8": 1, "uint8": 1,
+    "bool": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
+}
+
+#: Normalised op names, by the text left once prefixes and underscores are stripped.
+_OP_ALIASES = {
+    "allreduce": "all_reduce", "all_reduce": "all_reduce", "allreduce_coalesced": "all_reduce",
+    "allreduce_sparse": "all_reduce",
+    "allgather": "all_gather", "all_gather": "all_gather", "allgather_base": "all_gather",
+    "all_gather_base": "all_gather", "allgather_into_tensor": "all_gather",
+    "all_gather_into_tensor": "all_gather", "allgather_into_tensor_coalesced": "all_gather",
+    "all_gather_into_tensor_coalesced": "all_gather", "allgather_coalesced": "all_gather",
+    "reducescatter": "reduce_scatter", "reduce_scatter": "reduce_scatter",
+    "reduce_scatter_base": "reduce_scatter", "reduce_scatter_tensor": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced": "reduce_scatter",
+    "alltoall": "all_to_all", "alltoall_base": "all_to_all", "all_to_all": "all_to_all",
+    "all_to_all_single": "all_to_all", "alltoallv": "all_to_all",
+    "broadcast": "broadcast", "reduce": "reduce", "gather": "gather", "scatter": "scatter",
+    "barrier": "barrier", "send": "send", "recv": "recv", "recv_any_source": "recv",
+    "sendrecv": "send_recv", "send_recv": "send_recv", "coalesced": "coalesced",
+    "multimem_all_reduce": "all_reduce", "one_shot_all_reduce": "all_reduce",
+    "two_shot_all_reduce": "all_reduce", "multimem_all_gather": "all_gather",
+}
+
+P2P_OPS = {"send", "recv", "send_recv"}
+#: CPU ops that wait for communication rather than issue it.
+_NOT_COMM = {"c10d::wait", "_c10d_functional::wait_tensor", "c10d_functional::wait_tensor",
+             "record_param_comms"}
+_KERNEL_OP_RE = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
+
+
+def normalize_op(text: str | None) -> str | None:
+    """'c10d::_allgather_base_' / 'nccl:all_reduce' / 'ncclDevKernel_AllGather_RING_LL' -> canonical op."""
+    if not text:
+        return None
+    m = _KERNEL_OP_RE.search(text)
+    if m:
+        word = re.sub(r"(?<!^)(?=[A-Z])", "_", m.group(1)).lower()  # AllGather -> all_gather
+        return _OP_ALIASES.get(word.replace("_", ""), _OP_ALIASES.get(word, word))
+    for kernel_word in ("multimem_all_reduce", "one_shot_all_reduce", "two_shot_all_reduce", "multimem_all_gather"):
+        if kernel_word in text:
+            return _OP_ALIASES[kernel_word]
+    t = text.split("(")[0]
+    t = re.sub(r"^(c10d::|_c10d_functional::|c10d_functional::|nccl:|gloo:|ucc:|mpi:|symm_mem::)", "", t)
+    t = t.strip("_").lower()
+    return _OP_ALIASES.get(t, _OP_ALIASES.get(t.replace("_", ""), t))
+
+
+def dtype_bytes(dtype: str | None) -> int | None:
+    if not dtype:
+        return None
+    d = dtype.lower().replace("c10::", "").replace("at::", "").replace("torch.", "")
+    return DTYPE_BYTES.get(d)
+
+
+def _numel(dims: Any) -> int | None:
+    """Elements in the tensors of an 'Input Dims' entry (a shape, or a list of shapes)."""
+    if not isinstance(dims, list):
+        return None
+    if all(isinstance(d, int) for d in dims):
+        n = 1
+        for d in dims:
+            n *= d
+        return n if dims else None
+    parts = [_numel(d) for d in dims]
+    parts = [p for p in parts if p is not None]
+    return sum(parts) if parts else None
+
+
+def _first_tensor(args: dict) -> tuple[int | None, str | None]:
+    """(numel, dtype) of the first tensor argument recorded by record_shapes."""
+    dims = args.get("Input Dims") or []
+    types = args.get("Input type") or []
+    for i, d in enumerate(dims):
+        n = _numel(d)
+        if n is not None and d != []:
+            t = types[i] if i < len(types) else None
+            return n, (t if t not in ("TensorList", "", "Scalar", "ScalarList") else None)
+    return None, None
+
+
+def _int(value) -> int | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _args(row: dict) -> dict:
+    text = row.get("args_json")
+    if not text:
+        return {}
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+class _Nesting:
+    """Containment of CPU comm events on each thread (parent chain by span)."""
+
+    def __init__(self, rows: list[dict]):
+        self.parent: dict[int, int | None] = {}
+        by_tid: dict[int, list[dict]] = defaultdict(list)
+        for r in rows:
+            by_tid[r["tid"]].append(r)
+        for evs in by_tid.values():
+            evs.sort(key=lambda r: (r["ts_ns"], -r["dur_ns"]))
+            stack: list[dict] = []
+            for r in evs:
+                while stack and stack[-1]["ts_ns"] + stack[-1]["dur_ns"] <= r["ts_ns"]:
+                    stack.pop()
+                # gloo:send may outlive its parent: only a span that ends inside counts as nested
+                parent = stack[-1] if stack and r["ts_ns"] + r["dur_ns"] <= stack[-1]["ts_ns"] + stack[-1]["dur_ns"] else None
+                self.parent[r["event_id"]] = parent["event_id"] if parent else None
+                stack.append(r)
+
+    def ancestors(self, event_id: int) -> list[int]:
+        out = []
+        p = self.parent.get(event_id)
+        while p is not None:
+            out.append(p)
+            p = self.parent.get(p)
+        return out
+
+
+def build_comms(events: pa.Table, process_groups: pa.Table, threads: pa.Table, info: dict | None,
+                rank: int) -> pa.Table:
+    """The comms rows of one trace (window column not filled in)."""
+    info = info if isinstance(info, dict) else {}
+    cols = ["event_id", "kind", "name", "ts_ns", "dur_ns", "tid", "stream", "correlation", "external_id",
+            "step", "args_json", "is_gpu"]
+    cpu = events.filter(pc.and_(pc.equal(events["kind"], "comm_op"), pc.invert(events["is_gpu"]))).select(cols).to_pylist()
+    kernels = events.filter(pc.equal(events["kind"], "comm_kernel")).select(cols).to_pylist()
+    if not cpu and not kernels:
+        return S.COMMS.arrow_schema.empty_table()
+    launches = events.filter(pc.and_(pc.equal(events["kind"], "runtime"), pc.is_valid(events["correlation"])))
+    launches = launches.select(["tid", "ts_ns", "correlation"]).to_pydict()
+    ctx = _Context(cpu, kernels, launches, process_groups, threads, info, rank)
+    rows = ctx.nccl_rows() + ctx.gloo_and_other_rows() + ctx.orphan_kernel_rows()
+    _number(rows)
+    table = pa.Table.from_pylist(rows, schema=S.COMMS.arrow_schema)
+    return table
+
+
+class _Context:
+    def __init__(self, cpu, kernels, launches, process_groups, threads, info, rank):
+        self.cpu = sorted(cpu, key=lambda r: (r["ts_ns"], -r["dur_ns"]))
+        for r in self.cpu:
+            r["args"] = _args(r)
+        self.by_id = {r["event_id"]: r for r in self.cpu}
+        self.nest = _Nesting(self.cpu)
+        self.kernels = kernels
+        for k in kernels:
+            k["args"] = _args(k)
+        self.kernel_by_corr = {k["correlation"]: k for k in kernels if k["correlation"] is not None}
+        self.kernel_by_ext: dict[int, list[dict]] = defaultdict(list)
+        for k in kernels:
+            if k["external_id"] is not None:
+                self.kernel_by_ext[k["external_id"]].append(k)
+        self.launch_by_tid: dict[int, list[tuple[int, int]]] = defaultdict(list)
+        for tid, ts, corr in zip(launches["tid"], launches["ts_ns"], launches["correlation"]):
+            if corr in self.kernel_by_corr:
+                self.launch_by_tid[tid].append((ts, corr))
+        for v in self.launch_by_tid.values():
+            v.sort()
+        self.claimed_kernels: set[int] = set()
+        self.consumed: set[int] = set()
+        self.pgs = {r["pg_name"]: r for r in process_groups.to_pylist()}
+        self.threads = threads.to_pylist()
+        self.info = info
+        self.rank = rank
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _kernel_for(self, anchors: list[dict]) -> dict | None:
+        """The communication kernel launched inside the outermost anchor's span, else one
+        carrying an anchor's external id."""
+        outer = anchors[-1]
+        lo, hi = outer["ts_ns"], outer["ts_ns"] + outer["dur_ns"]
+        for ts, corr in self.launch_by_tid.get(outer["tid"], ()):
+            if lo <= ts <= hi:
+                k = self.kernel_by_corr[corr]
+                if k["event_id"] not in self.claimed_kernels:
+                    return k
+        for a in anchors:
+            for k in self.kernel_by_ext.get(a["external_id"], ()):
+                if k["event_id"] not in self.claimed_kernels:
+                    return k
+        return None
+
+    def _pg(self, name) -> dict:
+        return self.pgs.get(str(name), {}) if name is not None else {}
+
+    def _base_row(self, dialect: str, op: str | None, enqueue: dict | None, execu: dict | None) -> dict:
+        execu = execu or enqueue
+        row = {k: None for k in S.COMMS.column_names }
+        row.update(dialect=dialect, op=op, is_p2p=op in P2P_OPS, pg_source="none", pg_inferred=False)
+        if enqueue is not None:
+            row.update(enqueue_event_id=enqueue["event_id"], enqueue_ts_ns=enqueue["ts_ns"],
+                       enqueue_dur_ns=enqueue["dur_ns"], enqueue_tid=enqueue["tid"], step=enqueue["step"])
+        row.update(exec_event_id=execu["event_id"], exec_name=execu["name"], start_ts_ns=execu["ts_ns"],
+                   end_ts_ns=execu["ts_ns"] + execu["dur_ns"], dur_ns=execu["dur_ns"],
+                   on_gpu=bool(execu["is_gpu"]), exec_tid=execu["stream"] if execu["is_gpu"] else execu["tid"])
+        if row["step"] is None:
+            row["step"] = execu["step"]
+        return row
+
+    def _set_pg(self, row: dict, name, source: str, inferred: bool, args: dict | None = None) -> None:
+        args = args or {}
+        pg = self._pg(name)
+        ranks = parse_rank_list(args.get("Process Group Ranks")) or pg.get("pg_ranks")
+        row.update(pg_name=str(name) if name is not None else None, pg_source=source, pg_inferred=inferred,
+                   pg_desc=args.get("Process Group Description") or pg.get("pg_desc"),
+                   pg_ranks=ranks or None,
+                   group_size=_int(args.get("Group size")) or pg.get("pg_size") or (len(ranks) if ranks else None))
+
+    def _set_sizes(self, row: dict, in_n, out_n, dtype) -> None:
+        eb = dtype_bytes(dtype)
+        op, gs = row["op"], row["group_size"]
+        if out_n is None and in_n is not None:
+            if op in ("all_reduce", "broadcast", "all_to_all", "send", "recv", "send_recv", "reduce"):
+                out_n = in_n
+            elif op == "all_gather" and gs:
+                out_n = in_n * gs
+            elif op == "reduce_scatter" and gs:
+                out_n = in_n // gs
+        row.update(dtype=dtype, elem_bytes=eb, in_nelems=in_n, out_nelems=out_n,
+                   in_bytes=in_n * eb if (in_n is not None and eb) else None,
+                   out_bytes=out_n * eb if (out_n is not None and eb) else None)
+
+    # -- NCCL --------------------------------------------------------------------------------
+    def nccl_rows(self) -> list[dict]:
+        rows = []
+        annotations = [r for r in self.cpu if r["name"].startswith("nccl:")]
+        rpcs = [r for r in self.cpu if r["name"] == "record_param_comms"]
+        for a in annotations:
+            chain = [a] + [self.by_id[p] for p in self.nest.ancestors(a["event_id"])]
+            self.consumed.update(r["event_id"] for r in chain)
+            rows.append(self._nccl_row(a, chain))
+        for r in rpcs:  # record_param_comms with args but no backend annotation (newer torch)
+            if r["event_id"] in self.consumed or not r["args"].get("Collective name"):
+                continue
+            if normalize_op(r["args"]["Collective name"]) in ("wait", "barrier_wait"):
+                continue
+            chain = [r] + [self.by_id[p] for p in self.nest.ancestors(r["event_id"])]
+            self.consumed.update(x["event_id"] for x in chain)
+            rows.append(self._nccl_row(r, chain))
+        return rows
+
+    def _nccl_row(self, anchor: dict, chain: list[dict]) -> dict:
+        rpc = next((c for c in chain if c["name"] == "record_param_comms"), None)
+        enqueue = next((c for c in reversed(chain) if c["name"] != "record_param_comms" and not c["name"].startswith("nccl:")), None)
+        enqueue = enqueue or rpc or anchor
+        kernel = self._kernel_for(chain)
+        if kernel is not None:
+            self.claimed_kernels.add(kernel["event_id"])
+        args = dict((kernel or {}).get("args") or {})
+        args.update({k: v for k, v in (rpc or {}).get("args", {}).items() if v not in (None, "")})
+        coll = args.get("Collective name")
+        op = normalize_op(coll) or normalize_op(anchor["name"]) or normalize_op(enqueue["name"])
+        dialect = "nccl" if coll else "nccl_legacy"
+        row = self._base_row(dialect, op, enqueue, kernel or anchor)
+        pg_name = args.get("Process Group Name", args.get("Process Group ID"))
+        if pg_name is not None:
+            self._set_pg(row, pg_name, "op_args" if rpc and "Process Group Name" in rpc["args"] else "kernel_args", False, args)
+        else:
+            row["group_size"] = _int(args.get("Group size"))
+        seq = _int(args.get("Seq", args.get("seq")))
+        if seq is not None:
+            row.update(nccl_seq=seq)
+        in_n, out_n = _int(args.get("In msg nelems")), _int(args.get("Out msg nelems"))
+        dtype = args.get("dtype")
+        if in_n is None:
+            in_n, dtype2 = _first_tensor(anchor["args"])
+            dtype = dtype or dtype2
+        row.update(in_split_sizes=_split(args.get("In split size")), out_split_sizes=_split(args.get("Out split size")))
+        self._set_sizes(row, in_n, out_n, dtype)
+        if row["is_p2p"]:
+            self._set_peer(row, enqueue)
+        return row
+
+    # -- gloo and others -----------------------------------------------------------------------
+    def _runloop_pg(self) -> dict[int, str]:
+        """Runloop thread -> process group, inferred from creation order: each gloo group
+        creates its runloop threads when it is created, so sorted thread ids fall into
+        consecutive blocks, one per group in pg_config order."""
+        tids = sorted({t["tid"] for t in self.threads if "gloo_runloop" in (t["name"] or "")})
+        groups = [name for name, pg in sorted(self.pgs.items(), key=lambda kv: _pg_order(kv[0]))
+                  if "gloo" in (pg.get("backend_config") or self.info.get("backend") or "")
+                  and self.rank in (pg.get("pg_ranks") or [self.rank])]
+        if not tids or not groups or len(tids) % len(groups):
+            return {}
+        per = len(tids) // len(groups)
+        return {tid: groups[i // per] for i, tid in enumerate(tids)}
+
+    def gloo_and_other_rows(self) -> list[dict]:
+        rows = []
+        spans = [r for r in self.cpu if r["name"].startswith("gloo:")]
+        span_ids = {s["event_id"] for s in spans}
+        caller_tids = {r["tid"] for r in self.cpu if not r["name"].startswith("gloo:")}
+        anchors = [r for r in self.cpu if r["event_id"] not in self.consumed and r["event_id"] not in span_ids
+                   and r["name"] not in _NOT_COMM
+                   and not any(p not in span_ids and self.by_id[p]["name"] not in _NOT_COMM
+                               for p in self.nest.ancestors(r["event_id"]))]
+        runloop_pg = self._runloop_pg()
+        queues: dict[Any, deque] = defaultdict(deque)
+        claimed: set[int] = set()
+        for s in spans:
+            if s["tid"] not in caller_tids and normalize_op(s["name"]) not in P2P_OPS:
+                queues[runloop_pg.get(s["tid"])].append(s)
+        for a in anchors:
+            op = normalize_op(a["name"])
+            if a["name"].startswith("symm_mem::"):
+                kernel = self._kernel_for([a])
+                if kernel is not None:
+                    self.claimed_kernels.add(kernel["event_id"])
+                row = self._base_row("symm_mem", op, a, kernel)
+                n, dtype = _first_tensor(a["args"])
+                self._set_sizes(row, n, None, dtype)
+                rows.append(row)
+                continue
+            if op in P2P_OPS:
+                span = next((s for s in spans if s["tid"] == a["tid"] and s["event_id"] not in claimed
+                             and normalize_op(s["name"]) in P2P_OPS
+                             and a["ts_ns"] <= s["ts_ns"] <= a["ts_ns"] + a["dur_ns"]), None)
+                pg_name, source = "0" if "0" in self.pgs else None, "default_pg"
+            else:
+                span = _pop_fifo(queues, a)
+                pg_name, source = (runloop_pg.get(span["tid"]), "runloop_thread") if span else (None, "none")
+            if span is not None:
+                claimed.add(span["event_id"])
+            row = self._base_row("gloo" if span is not None or self.info.get("backend") == "gloo" else "other", op, a, span)
+            if pg_name is not None:
+                self._set_pg(row, pg_name, source, True)
+            n, dtype = _first_tensor(span["args"]) if span else (None, None)
+            if n is None:
+                n, dtype = _first_tensor(a["args"])
+            self._set_sizes(row, n, None, dtype)
+            if row["is_p2p"]:
+                self._set_peer(row, a)
+            rows.append(row)
+        for s in spans:  # execution whose enqueue lies outside the trace window
+            if s["event_id"] not in claimed:
+                row = self._base_row("gloo", normalize_op(s["name"]), None, s)
+                if runloop_pg.get(s["tid"]) is not None:
+                    self._set_pg(row, runloop_pg[s["tid"]], "runloop_thread", True)
+                n, dtype = _first_tensor(s["args"])
+                self._set_sizes(row, n, None, dtype)
+                rows.append(row)
+        return rows
+
+    def _set_peer(self, row: dict, enqueue: dict) -> None:
+        """p2p peer and tag from the enqueue op's Concrete Inputs (group ranks -> global ranks)."""
+        concrete = enqueue.get("args", {}).get("Concrete Inputs") or []
+        peer = _int(concrete[2]) if len(concrete) > 3 else None
+        tag = _int(concrete[3]) if len(concrete) > 3 else (_int(concrete[2]) if len(concrete) == 3 else None)
+        ranks = row["pg_ranks"]
+        if peer is not None and ranks and 0 <= peer < len(ranks):
+            peer = ranks[peer]
+        row.update(peer_rank=peer, tag=tag)
+        if row["op"] == "send":
+            row.update(src_rank=self.rank, dst_rank=peer)
+        elif row["op"] == "recv":
+            row.update(src_rank=peer, dst_rank=self.rank)
+
+    def orphan_kernel_rows(self) -> list[dict]:
+        rows = []
+        for k in self.kernels:
+            if k["event_id"] in self.claimed_kernels:
+                continue
+            op = normalize_op(k["name"])
+            row = self._base_row("kernel_only" if "nccl" in k["name"].lower() else "symm_mem", op, None, k)
+            args = k["args"]
+            pg_name = args.get("Process Group Name")
+            if pg_name is not None:
+                self._set_pg(row, pg_name, "kernel_args", False, args)
+            self._set_sizes(row, _int(args.get("In msg nelems")), _int(args.get("Out msg nelems")), args.get("dtype"))
+            rows.append(row)
+        return rows
+
+
+def _pop_fifo(queues: dict[Any, deque], enqueue: dict) -> dict | None:
+    """The execution span of a gloo collective: the head of one group's queue. Heads that
+    started before this enqueue belong to enqueues outside the window and are skipped."""
+    want = _first_tensor(enqueue["args"])[0]
+    best, best_key = None, None
+    for key, q in queues.items():
+        while q and q[0]["ts_ns"] < enqueue["ts_ns"]:
+            q[0]["orphan"] = True
+            q.popleft()
+        if not q:
+            continue
+        head = q[0]
+        match = _first_tensor(head["args"])[0] == want
+        rank_key = (not match, head["ts_ns"])
+        if best is None or rank_key < best_key:
+            best, best_key = key, rank_key
+    return queues[best].popleft() if best is not None else None
+
+
+def _pg_order(name: str):
+    return (0, int(name)) if str(name).isdigit() else (1, str(name))
+
+
+def _split(value) -> str | None:
+    if value in (None, "", "[]"):
+        return None
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _number(rows: list[dict]) -> None:
+    """comm_id in start order; seq per process group over collectives; p2p_seq per channel."""
+    rows.sort(key=lambda r: (r["enqueue_ts_ns"] if r["enqueue_ts_ns"] is not None else r["start_ts_ns"], r["start_ts_ns"]))
+    seq: dict[Any, int] = defaultdict(int)
+    p2p: dict[Any, int] = defaultdict(int)
+    for i, r in enumerate(rows):
+        r["comm_id"] = i
+        if r["is_p2p"]:
+            key = (r["pg_name"], r["src_rank"], r["dst_rank"], r["tag"])
+            r["p2p_seq"] = p2p[key]
+            p2p[key] += 1
+        else:
+            r["seq"] = seq[r["pg_name"]]
+            r["seq_source"] = "order"
+            seq[r["pg_name"]] += 1
+            if r["nccl_seq"] is not None:
+                r["seq"], r["seq_source"] = r["nccl_seq"], "nccl_seq"

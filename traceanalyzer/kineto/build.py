@@ -1,0 +1,373 @@
+"""Turn one decoded trace into the canonical per-rank tables (events, threads, flows, steps,
+process groups, and the rank's own row). Communication is normalised separately
+(:mod:`traceanalyzer.comms`) from the events table built here.
+"""
+from __future__ import annotations
+
+import json
+import re
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .. import schema as S
+from ..errors import TraceInputError
+from .classify import STEP_RE, classify
+from .reader import Event, RawTrace
+from .timeparse import us_text_to_ns
+
+import msgspec
+
+_FILE_RANK_RE = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
+
+
+class _ArgIds(msgspec.Struct, gc=False):
+    """The few args every event may carry that we lift into typed columns."""
+    external_id: Any = msgspec.field(default=None, name="External id")
+    correlation: Any = None
+    stream: Any = None
+    device: Any = None
+
+
+@dataclass
+class RankTables:
+    """The tables of one trace file (window column not yet filled in)."""
+    rank: int
+    rank_source: str
+    tables: dict[str, pa.Table]
+    start_ts_ns: int
+    end_ts_ns: int
+    skipped: Counter = field(default_factory=Counter)
+
+
+def _id(value) -> int | None:
+    """Numeric pid/tid/flow id; text ids (``"Spans"``) become stable negative ids."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return int(value)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        return int(value)
+    text = str(value)
+    if text.lstrip("-").isdigit():
+        return int(text)
+    return -1 - (zlib.crc32(text.encode()) & 0x7FFFFFFF)
+
+
+def _int_or_none(value) -> int | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, int):
+        return value
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _raw_column(raws: list) -> pa.Array:
+    """A string array built from raw JSON slices without creating Python strings."""
+    lengths = np.fromiter((len(r) for r in raws), dtype=np.int64, count=len(raws))
+    offsets = np.zeros(len(raws) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    data = b"".join(raws)
+    return pa.LargeStringArray.from_buffers(len(raws), pa.py_buffer(offsets), pa.py_buffer(data)).cast(pa.string())
+
+
+def resolve_rank(trace: RawTrace, rank_arg: int | None) -> tuple[int, str]:
+    info = trace.meta.get("distributedInfo")
+    if isinstance(info, dict) and _int_or_none(info.get("rank")) is not None:
+        return int(info["rank"]), "distributedInfo"
+    if rank_arg is not None:
+        return int(rank_arg), "argument"
+    m = _FILE_RANK_RE.search(trace.path.name)
+    if m:
+        return int(m.group(1)), "file_name"
+    raise TraceInputError(trace.path, "no rank: the trace has no distributedInfo.rank and the file name "
+                                      "names no rank (e.g. rank3); pass --rank")
+
+
+def build_tables(trace: RawTrace, rank_arg: int | None = None) -> RankTables:
+    rank, rank_source = resolve_rank(trace, rank_arg)
+    skipped = trace.skipped
+    base_ns = _int_or_none(trace.meta.get("baseTimeNanoseconds")) or 0
+    args_decoder = msgspec.json.Decoder(_ArgIds)
+    ev_parts: dict[str, list] = {k: [] for k in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args",
+                                                 "ext", "corr", "stream", "device")}
+    flows: dict[str, list] = {k: [] for k in ("flow_id", "cat", "ph", "ts", "pid", "tid")}
+    meta_events: list[Event] = []
+
+    for chunk in trace.chunks():
+        xs = [e for e in chunk if e.ph == "X" or e.ph == "i"]
+        fl = [e for e in chunk if e.ph in ("s", "f", "t")]
+        meta_events += [e for e in chunk if e.ph == "M"]
+        for e in chunk:
+            if e.ph not in ("X", "i", "s", "f", "t", "M"):
+                skipped[f"unsupported_phase_{e.ph or 'missing'}"] += 1
+        ev_parts["ph"].append(pa.array([e.ph for e in xs], pa.string()))
+        ev_parts["cat"].append(pa.array([e.cat if isinstance(e.cat, str) else str(e.cat) for e in xs], pa.string()))
+        ev_parts["name"].append(pa.array([e.name if isinstance(e.name, str) else str(e.name) for e in xs], pa.string()))
+        ev_parts["pid"].append(pa.array([_id(e.pid) for e in xs], pa.int64()))
+        ev_parts["tid"].append(pa.array([_id(e.tid) for e in xs], pa.int64()))
+        ev_parts["ts"].append(us_text_to_ns_checked(trace, [e.ts for e in xs]))
+        ev_parts["dur"].append(us_text_to_ns_checked(trace, [e.dur for e in xs]))
+        ev_parts["args"].append(_raw_column([e.args for e in xs]))
+        ids = [_decode_ids(args_decoder, e.args) for e in xs]
+        ev_parts["ext"].append(pa.array([_int_or_none(i.external_id) for i in ids], pa.int64()))
+        ev_parts["corr"].append(pa.array([_int_or_none(i.correlation) for i in ids], pa.int64()))
+        ev_parts["stream"].append(pa.array([_int_or_none(i.stream) for i in ids], pa.int64()))
+        ev_parts["device"].append(pa.array([_int_or_none(i.device) for i in ids], pa.int64()))
+        flows["flow_id"] += [_id(e.id) for e in fl]
+        flows["cat"] += [str(e.cat) for e in fl]
+        flows["ph"] += [e.ph for e in fl]
+        flows["ts"].append(us_text_to_ns_checked(trace, [e.ts for e in fl]))
+        flows["pid"] += [_id(e.pid) for e in fl]
+        flows["tid"] += [_id(e.tid) for e in fl]
+        del chunk, xs, fl
+
+    trace.events_raw = []  # release the file's bytes before building the tables
+    cols = {k: pa.chunked_array(v, type=v[0].type).combine_chunks() if v else pa.array([]) for k, v in ev_parts.items()}
+    del ev_parts
+    events = _events_table(cols, base_ns, skipped)
+    steps = _steps_table(events)
+    events = events.set_column(events.schema.get_field_index("step"), "step", _assign_steps(events, steps))
+    if events.num_rows == 0:
+        raise TraceInputError(trace.path, "the trace has no complete events (only metadata or flows)")
+    threads = _threads_table(meta_events, events)
+    flows_t = _flows_table(flows, base_ns)
+    pgs = _process_groups_table(trace.meta.get("distributedInfo"))
+    start = int(pc.min(events["ts_ns"]).as_py())
+    end = int(pc.max(pc.add(events["ts_ns"], events["dur_ns"])).as_py())
+    ranks = _rank_row(trace, rank_source, base_ns, meta_events, events, start, end, skipped)
+    tables = {"events": events, "steps": steps, "threads": threads, "flows": flows_t,
+              "process_groups": pgs, "ranks": ranks}
+    return RankTables(rank, rank_source, tables, start, end, skipped)
+
+
+def us_text_to_ns_checked(trace: RawTrace, raws: list) -> pa.Array:
+    try:
+        return us_text_to_ns(_raw_column(raws))
+    except ValueError as exc:
+        raise TraceInputError(trace.path, f"bad timestamp or duration: {exc}") from None
+
+
+def _decode_ids(decoder, raw) -> _ArgIds:
+    if not raw:
+        return _NO_IDS
+    try:
+        return decoder.decode(raw)
+    except msgspec.DecodeError:
+        return _NO_IDS
+
+
+_NO_IDS = _ArgIds()
+
+
+def _events_table(cols: dict[str, pa.Array], base_ns: int, skipped: Counter) -> pa.Table:
+    ts = cols["ts"]
+    dur = cols["dur"]
+    n = len(ts)
+    no_ts = pc.is_null(ts).to_numpy(zero_copy_only=False)
+    is_instant = pc.equal(cols["ph"], "i").to_numpy(zero_copy_only=False)
+    dur_np = pc.fill_null(dur, 0).to_numpy(zero_copy_only=False)
+    missing_dur = pc.is_null(dur).to_numpy(zero_copy_only=False) & ~is_instant
+    negative = dur_np < 0
+    absurd = dur_np > S.MAX_EVENT_DUR_NS
+    drop = no_ts | negative | absurd
+    for reason, mask in (("missing_timestamp", no_ts), ("negative_duration", negative & ~no_ts),
+                         ("absurd_duration", absurd & ~no_ts)):
+        if mask.any():
+            skipped[reason] += int(mask.sum())
+    if (missing_dur & ~drop).any():
+        skipped["missing_duration_kept_as_zero"] += int((missing_dur & ~drop).sum())
+    keep = pa.array(~drop)
+    kind, is_gpu = classify(cols["cat"], cols["name"], cols["ph"])
+    is_gpu_a = pa.array(is_gpu)
+    device = pc.if_else(is_gpu_a, pc.coalesce(cols["device"], cols["pid"]), pa.scalar(None, pa.int64()))
+    stream = pc.if_else(is_gpu_a, pc.coalesce(cols["stream"], cols["tid"]), pa.scalar(None, pa.int64()))
+    table = pa.table({
+        "ph": cols["ph"], "cat": cols["cat"], "kind": kind, "name": cols["name"],
+        "ts_ns": pc.add(ts, base_ns), "dur_ns": pa.array(dur_np), "pid": cols["pid"], "tid": cols["tid"],
+        "is_gpu": is_gpu_a, "device": device.cast(pa.int32()), "stream": stream,
+        "correlation": cols["corr"], "external_id": cols["ext"],
+        "step": pa.nulls(n, pa.int32()), "args_json": cols["args"],
+    }).filter(keep)
+    # Start order makes per-thread scans and range joins cheap later on.
+    table = table.sort_by([("ts_ns", "ascending"), ("dur_ns", "descending")])
+    table = table.add_column(0, "event_id", pa.array(np.arange(table.num_rows, dtype=np.int64)))
+    return table
+
+
+def _steps_table(events: pa.Table) -> pa.Table:
+    """CPU-side ProfilerStep#N ranges (GPU-side copies are ignored)."""
+    mask = pc.and_(pc.equal(events["kind"], "step"), pc.invert(events["is_gpu"]))
+    st = events.filter(mask).select(["name", "ts_ns", "dur_ns"]).to_pydict()
+    ranges: dict[int, list[int]] = {}
+    for name, ts, dur in zip(st["name"], st["ts_ns"], st["dur_ns"]):
+        m = STEP_RE.match(name)
+        if not m:
+            continue
+        step = int(m.group(1))
+        lo, hi = ranges.get(step, (ts, ts + dur))
+        ranges[step] = [min(lo, ts), max(hi, ts + dur)]
+    steps = sorted(ranges)
+    return pa.table({
+        "step": pa.array(steps, pa.int32()),
+        "start_ts_ns": pa.array([ranges[s][0] for s in steps], pa.int64()),
+        "end_ts_ns": pa.array([ranges[s][1] for s in steps], pa.int64()),
+        "dur_ns": pa.array([ranges[s][1] - ranges[s][0] for s in steps], pa.int64()),
+    }, schema=S.STEPS.arrow_schema)
+
+
+def _assign_steps(events: pa.Table, steps: pa.Table) -> pa.Array:
+    """CPU events: the step whose range holds their start. GPU events: the step of the CPU call
+    that launched them (same correlation id, else same external id)."""
+    n = events.num_rows
+    out = np.full(n, -1, dtype=np.int64)
+    if steps.num_rows == 0:
+        return pa.nulls(n, pa.int32())
+    order = np.argsort(steps["start_ts_ns"].to_numpy())
+    starts = steps["start_ts_ns"].to_numpy()[order]
+    ends = steps["end_ts_ns"].to_numpy()[order]
+    numbers = steps["step"].to_numpy()[order]
+    ts = events["ts_ns"].to_numpy()
+    is_gpu = events["is_gpu"].to_numpy(zero_copy_only=False)
+    idx = np.searchsorted(starts, ts, side="right") - 1
+    inside = (idx >= 0) & (ts < ends[np.clip(idx, 0, None)])
+    cpu = ~is_gpu
+    out[cpu & inside] = numbers[idx[cpu & inside]]
+    if is_gpu.any():
+        for key in ("correlation", "external_id"):
+            keys = pc.fill_null(events[key], -1).to_numpy()
+            have = cpu & (out >= 0) & (keys >= 0)
+            lookup = dict(zip(keys[have].tolist(), out[have].tolist()))
+            todo = np.nonzero(is_gpu & (out < 0) & (keys >= 0))[0]
+            for i in todo:
+                out[i] = lookup.get(int(keys[i]), -1)
+    return pa.array(out, mask=out < 0).cast(pa.int32())
+
+
+def _thread_name_score(name: str, process_names: set[str]) -> int:
+    inner = name[name.find("(") + 1:name.rfind(")")] if "(" in name else name
+    return 0 if (not inner or inner in process_names or inner.startswith("python")) else 1
+
+
+def _threads_table(meta_events: list[Event], events: pa.Table) -> pa.Table:
+    process_names = {str((_args(e) or {}).get("name", "")) for e in meta_events if e.name == "process_name"}
+    names: dict[tuple[int, int], str] = {}
+    for e in meta_events:
+        if e.name != "thread_name":
+            continue
+        key = (_id(e.pid), _id(e.tid))
+        name = str((_args(e) or {}).get("name", "")).strip()
+        old = names.get(key)
+        if old is None or _thread_name_score(name, process_names) >= _thread_name_score(old, process_names):
+            names[key] = name
+    counts = events.group_by(["pid", "tid", "is_gpu"]).aggregate([("event_id", "count")]).to_pydict()
+    seen = {(p, t): (g, c) for p, t, g, c in zip(counts["pid"], counts["tid"], counts["is_gpu"], counts["event_id_count"])}
+    keys = sorted(set(seen) | set(names), key=lambda k: (k[0] is None, k))
+    gpu_pids = {p for (p, _), (g, _) in seen.items() if g}
+    return pa.table({
+        "pid": pa.array([k[0] for k in keys], pa.int64()),
+        "tid": pa.array([k[1] for k in keys], pa.int64()),
+        "is_gpu": pa.array([seen[k][0] if k in seen else (k[0] in gpu_pids or names.get(k, "").startswith("stream")) for k in keys]),
+        "name": pa.array([names.get(k, "") for k in keys], pa.string()),
+        "n_events": pa.array([seen[k][1] if k in seen else 0 for k in keys], pa.int64()),
+    }, schema=S.THREADS.arrow_schema)
+
+
+def _args(e: Event) -> dict | None:
+    if not e.args:
+        return None
+    try:
+        value = msgspec.json.decode(e.args)
+    except msgspec.DecodeError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def _flows_table(flows: dict[str, list], base_ns: int) -> pa.Table:
+    ts = pa.chunked_array(flows["ts"], pa.int64()).combine_chunks() if flows["ts"] else pa.array([], pa.int64())
+    t = pa.table({
+        "flow_id": pa.array(flows["flow_id"], pa.int64()), "cat": pa.array(flows["cat"], pa.string()),
+        "ph": pa.array(flows["ph"], pa.string()), "ts_ns": pc.add(ts, base_ns),
+        "pid": pa.array(flows["pid"], pa.int64()), "tid": pa.array(flows["tid"], pa.int64()),
+    }, schema=S.FLOWS.arrow_schema)
+    return t.filter(pc.is_valid(t["ts_ns"]))
+
+
+def _process_groups_table(info: Any) -> pa.Table:
+    rows = []
+    configs = info.get("pg_config") if isinstance(info, dict) else None
+    if isinstance(configs, dict):  # some writers key the configs by name
+        configs = [dict(v, pg_name=k) if isinstance(v, dict) else {} for k, v in configs.items()]
+    for pg in configs or []:
+        if not isinstance(pg, dict):
+            continue
+        ranks = pg.get("ranks")
+        if isinstance(ranks, str):
+            ranks = parse_rank_list(ranks)
+        rows.append({
+            "pg_name": str(pg.get("pg_name", pg.get("uid", ""))),
+            "pg_desc": pg.get("pg_desc"),
+            "backend_config": pg.get("backend_config"),
+            "pg_size": _int_or_none(pg.get("pg_size")),
+            "pg_ranks": [int(r) for r in ranks] if isinstance(ranks, list) else None,
+        })
+    return pa.Table.from_pylist(rows, schema=S.PROCESS_GROUPS.arrow_schema)
+
+
+def parse_rank_list(text: Any) -> list[int] | None:
+    """'[0, 1, 2]' (as record_param_comms writes it) -> [0, 1, 2]; None when not a list."""
+    if isinstance(text, list):
+        return [int(r) for r in text]
+    if not isinstance(text, str) or not text.strip().startswith("["):
+        return None
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return [int(r) for r in value] if isinstance(value, list) else None
+
+
+def _rank_row(trace: RawTrace, rank_source: str, base_ns: int, meta_events: list[Event], events: pa.Table,
+              start: int, end: int, skipped: Counter) -> pa.Table:
+    meta = trace.meta
+    info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
+    cpu = events.filter(pc.invert(events["is_gpu"]))
+    pids = [_id(e.pid) for e in meta_events if e.name == "process_name" and _id(e.pid) is not None and _id(e.pid) >= 0]
+    if not pids and cpu.num_rows:
+        pids = [pc.mode(cpu["pid"])[0]["mode"].as_py()]
+    props = meta.get("deviceProperties") or []
+    gpu = events.filter(events["is_gpu"])
+    device = "cpu"
+    if gpu.num_rows:
+        dev_id = pc.mode(pc.drop_null(gpu["device"]))
+        dev_id = dev_id[0]["mode"].as_py() if len(dev_id) else 0
+        names = {p.get("id"): p.get("name") for p in props if isinstance(p, dict)}
+        device = str(names.get(dev_id) or (next(iter(names.values())) if names else "gpu"))
+    other = {k: v for k, v in meta.items() if k not in ("distributedInfo",)}
+    row = {
+        "trace_file": str(trace.path.resolve()),
+        "host": str(meta.get("host_name") or meta.get("hostname") or ""),
+        "pid": pids[0] if pids else None,
+        "world_size": _int_or_none(info.get("world_size")),
+        "backend": info.get("backend"),
+        "device": device,
+        "rank_source": rank_source,
+        "base_time_ns": base_ns,
+        "start_ts_ns": start, "end_ts_ns": end, "clock_offset_ns": 0,
+        "n_events": events.num_rows,
+        "n_skipped": sum(v for k, v in skipped.items() if not k.startswith("replaced") and not k.startswith("missing_duration")),
+        "skipped_json": json.dumps(dict(skipped), sort_keys=True),
+        "distributed_info_json": json.dumps(info, sort_keys=True),
+        "trace_meta_json": json.dumps(other, sort_keys=True, default=str),
+    }
+    return pa.Table.from_pylist([row], schema=S.RANKS.arrow_schema)

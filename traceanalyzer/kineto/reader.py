@@ -1,0 +1,139 @@
+"""Read a Kineto trace file into its top-level metadata and chunks of typed events.
+
+Memory matters (a rank's trace can be gigabytes): the file is decompressed once, the
+``traceEvents`` array is split into raw per-event slices without building Python dicts, and the
+events are then decoded into small typed structs one chunk at a time. msgspec does the parsing in
+C and a typed decode creates no dicts, which keeps the garbage collector out of the hot loop.
+"""
+from __future__ import annotations
+
+import gzip
+import zlib
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator
+
+import msgspec
+
+from ..errors import TraceInputError
+
+#: Events decoded per chunk: large enough to amortise call overhead, small enough to bound memory.
+CHUNK_EVENTS = 50_000
+
+_EMPTY = msgspec.Raw(b"")
+
+
+class Event(msgspec.Struct, gc=False):
+    """The fields of a Chrome-trace event that we read; ``args`` stays raw JSON text."""
+    ph: str = ""
+    name: Any = ""
+    cat: Any = ""
+    pid: Any = None
+    tid: Any = None
+    ts: msgspec.Raw = _EMPTY
+    dur: msgspec.Raw = _EMPTY
+    id: Any = None
+    args: msgspec.Raw = _EMPTY
+
+
+@dataclass
+class RawTrace:
+    """A decoded trace: top-level keys plus the raw event slices."""
+    path: Path
+    meta: dict[str, Any]
+    events_raw: list[msgspec.Raw]
+    n_bytes: int
+    skipped: Counter = field(default_factory=Counter)
+
+    def chunks(self, size: int = CHUNK_EVENTS) -> Iterator[list[Event]]:
+        """Typed events, ``size`` at a time; malformed events are skipped and counted."""
+        decoder = msgspec.json.Decoder(list[Event])
+        one = msgspec.json.Decoder(Event)
+        for start in range(0, len(self.events_raw), size):
+            part = self.events_raw[start:start + size]
+            blob = b"[" + b",".join(part) + b"]"
+            try:
+                yield decoder.decode(blob)
+                continue
+            except msgspec.DecodeError as exc:
+                if "utf-8" in str(exc).lower():
+                    # Names with invalid UTF-8 bytes (seen in C++ symbol names): replace, count.
+                    part = [_repair_utf8(raw, self.skipped) for raw in part]
+            good = []
+            for raw in part:
+                try:
+                    good.append(one.decode(raw))
+                except msgspec.DecodeError:
+                    self.skipped["malformed_event"] += 1
+            yield good
+
+
+def _repair_utf8(raw, skipped: Counter) -> bytes:
+    data = bytes(raw)
+    try:
+        data.decode("utf-8")
+        return data
+    except UnicodeDecodeError:
+        repaired = data.decode("utf-8", errors="replace").encode("utf-8")
+        skipped["replaced_invalid_utf8_bytes"] += repaired.count(_FFFD) - data.count(_FFFD)
+        return repaired
+
+
+_FFFD = "\ufffd".encode()
+
+
+def read_bytes(path: Path) -> bytes:
+    """The file's bytes, gunzipped when it is gzip (by magic number, not by extension)."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise TraceInputError(path, f"cannot read file ({exc.strerror or exc})") from None
+    if data[:2] == b"\x1f\x8b":
+        try:
+            data = gzip.decompress(data)
+        except EOFError:
+            raise TraceInputError(path, "truncated gzip file (the compressed stream ends early)") from None
+        except (gzip.BadGzipFile, zlib.error, OSError) as exc:
+            raise TraceInputError(path, f"corrupt gzip data ({exc})") from None
+    return data
+
+
+def read_trace(path: str | Path) -> RawTrace:
+    """Decode the top level of a Kineto trace and split its events; raise one-line errors."""
+    path = Path(path)
+    data = read_bytes(path)
+    skipped: Counter = Counter()
+    top = _decode_top(path, data, skipped)
+    if not isinstance(top, dict):
+        raise TraceInputError(path, "not a Kineto trace: the JSON top level is not an object")
+    if "traceEvents" not in top:
+        raise TraceInputError(path, "not a Kineto trace: no 'traceEvents' key")
+    try:
+        events_raw = msgspec.json.decode(top.pop("traceEvents"), type=list[msgspec.Raw])
+    except msgspec.ValidationError:
+        raise TraceInputError(path, "not a Kineto trace: 'traceEvents' is not a list") from None
+    if not events_raw:
+        raise TraceInputError(path, "the trace has no events ('traceEvents' is empty)")
+    meta = {}
+    for key, raw in top.items():
+        try:
+            meta[key] = msgspec.json.decode(raw)
+        except msgspec.DecodeError:
+            skipped["malformed_metadata"] += 1
+    return RawTrace(path, meta, events_raw, len(data), skipped)
+
+
+def _decode_top(path: Path, data: bytes, skipped: Counter) -> Any:
+    try:
+        return msgspec.json.decode(data, type=dict[str, msgspec.Raw])
+    except msgspec.ValidationError:
+        return None  # valid JSON, but not an object
+    except msgspec.DecodeError as exc:
+        msg = str(exc)
+        if "utf-8" not in msg.lower():
+            if "truncated" in msg.lower():
+                raise TraceInputError(path, "truncated JSON (the file ends in the middle of the data)") from None
+            raise TraceInputError(path, f"invalid JSON ({msg})") from None
+    # Names with invalid UTF-8 bytes (seen with C++ symbol names): replace and count them.
+    return _decode_top(path, _repair_utf8(data, skipped), skipped)

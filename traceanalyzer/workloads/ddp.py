@@ -1,0 +1,73 @@
+"""DDP data-parallel training on gloo (CPU), optionally with a straggler or without overlap."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from traceanalyzer import collect
+from traceanalyzer.workloads import common, models
+
+DEFAULT_BUCKET_MB = 1.0  # small, so the small models still split into several allreduces
+LR = 0.01
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_MB, help="DDP bucket_cap_mb")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="allreduce grads after backward instead of during it")
+
+
+def run(args: argparse.Namespace) -> None:
+    rank, world = common.init_distributed(args.seed)
+    model = common.Straggler(models.build(args.model), common.straggler_delay_s(args, rank))
+    ddp = DDP(model, bucket_cap_mb=args.bucket_mb)
+    opt = torch.optim.SGD(ddp.parameters(), lr=LR)
+    data = torch.Generator().manual_seed(args.seed + 1 + rank)
+    overlap = not args.no_overlap
+    ground_truth = {"workload": "ddp", "model": args.model, "steps": args.steps,
+                    "bucket_mb": args.bucket_mb, "overlap": overlap, "batch": models.BATCH,
+                    **common.fault_ground_truth(args)}
+    layout = {"dp": world, "tp": 1, "pp": 1}
+    with collect.profile(**common.profile_kwargs(args), layout=layout,
+                         ground_truth=ground_truth) as prof:
+        for _ in range(args.steps):
+            x, y = models.batch(args.model, data)
+            opt.zero_grad(set_to_none=True)
+            # no_sync() keeps DDP from reducing during backward; we then reduce afterwards.
+            with contextlib.nullcontext() if overlap else ddp.no_sync():
+                loss = torch.nn.functional.cross_entropy(ddp(x), y)
+                loss.backward()
+            if not overlap:
+                allreduce_grads(list(ddp.parameters()), world, args.bucket_mb)
+            opt.step()
+            prof.step()
+    dist.destroy_process_group()
+
+
+def allreduce_grads(params: list[torch.nn.Parameter], world: int, bucket_mb: float) -> None:
+    """Average grads in buckets of about `bucket_mb`, last layer first, as DDP would, but serially."""
+    limit = bucket_mb * 2**20
+    bucket, size = [], 0
+    for p in reversed(params):
+        bucket.append(p.grad)
+        size += p.grad.numel() * p.grad.element_size()
+        if size >= limit:
+            _allreduce_bucket(bucket, world)
+            bucket, size = [], 0
+    if bucket:
+        _allreduce_bucket(bucket, world)
+
+
+def _allreduce_bucket(grads: list[torch.Tensor], world: int) -> None:
+    flat = torch.cat([g.reshape(-1) for g in grads])
+    dist.all_reduce(flat)
+    flat /= world
+    offset = 0
+    for g in grads:
+        g.copy_(flat[offset:offset + g.numel()].view_as(g))
+        offset += g.numel()
