@@ -1,0 +1,125 @@
+"""Command line: ``traceanalyzer ingest|info|sql|schema|demo``.
+
+Errors are one line (which file, what is wrong, what to do) and a non-zero exit; ``--debug``
+shows the traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+
+from . import __version__
+from .errors import TraceAnalyzerError
+
+
+def _cmd_ingest(args) -> int:
+    from .ingest import ingest
+    report = ingest(args.paths, args.store, run=args.run, rank=args.rank, workers=args.workers,
+                    progress=not args.quiet)
+    print(report.summary())
+    return 0
+
+
+def _cmd_info(args) -> int:
+    from .info import format_info, info
+    df = info(args.store)
+    if args.json:
+        print(df.to_json(orient="records", indent=1))
+    else:
+        print(format_info(df, args.store))
+    return 0
+
+
+def _cmd_sql(args) -> int:
+    import duckdb
+
+    from .store import open_store
+    con = open_store(args.store)
+    try:
+        df = con.sql(args.query).df()
+    except duckdb.Error as exc:
+        raise TraceAnalyzerError(f"query failed: {str(exc).splitlines()[0]}") from None
+    if args.csv:
+        df.to_csv(sys.stdout, index=False)
+    elif args.json:
+        print(df.to_json(orient="records", indent=1, default_handler=str))
+    else:
+        import pandas as pd
+        with pd.option_context("display.max_rows", args.max_rows, "display.max_columns", None, "display.width", 200):
+            print(df.to_string(index=False, max_rows=args.max_rows))
+    return 0
+
+
+def _cmd_schema(args) -> int:
+    from .schema import describe
+    print(describe())
+    return 0
+
+
+def _cmd_demo(args) -> int:
+    from .demo import demo
+    return demo(args.store, record=args.record)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="traceanalyzer", description="Trace-driven analysis of distributed training runs.")
+    p.add_argument("--version", action="version", version=f"traceanalyzer {__version__}")
+    p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("ingest", help="parse Kineto traces (.json/.json.gz, files or folders) into a store")
+    s.add_argument("paths", nargs="+", help="trace files or folders (searched recursively)")
+    s.add_argument("--store", required=True, help="store folder (created if missing)")
+    s.add_argument("--run", help="run name (default: the folder name of the first path)")
+    s.add_argument("--rank", type=int, help="rank for traces without distributedInfo.rank (else taken from the file name)")
+    s.add_argument("--workers", type=int, help="parallel worker processes (default: number of CPUs)")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.set_defaults(func=_cmd_ingest)
+
+    s = sub.add_parser("info", help="summarise a store: runs, ranks, steps, events, collectives, time span")
+    s.add_argument("store")
+    s.add_argument("--json", action="store_true", help="print JSON records")
+    s.set_defaults(func=_cmd_info)
+
+    s = sub.add_parser("sql", help="run a DuckDB query over the store's views")
+    s.add_argument("store")
+    s.add_argument("query")
+    fmt = s.add_mutually_exclusive_group()
+    fmt.add_argument("--csv", action="store_true")
+    fmt.add_argument("--json", action="store_true")
+    s.add_argument("--max-rows", type=int, default=200)
+    s.set_defaults(func=_cmd_sql)
+
+    s = sub.add_parser("schema", help="print every table and column of the store schema")
+    s.set_defaults(func=_cmd_schema)
+
+    s = sub.add_parser("demo", help="the main job: record (or use shipped) real gloo traces, ingest, summarise")
+    s.add_argument("--store", default="store", help="store folder (default: ./store)")
+    s.add_argument("--record", action="store_true", help="record a fresh 2-rank gloo DDP run with torchrun (needs torch)")
+    s.set_defaults(func=_cmd_demo)
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except TraceAnalyzerError as exc:
+        if args.debug:
+            traceback.print_exc()
+            tb = getattr(exc, "debug_traceback", None)
+            if tb:
+                print(tb, file=sys.stderr)
+        print(f"traceanalyzer: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("traceanalyzer: interrupted; the store is unchanged", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

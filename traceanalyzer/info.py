@@ -1,0 +1,63 @@
+"""``traceanalyzer info``: what a store holds, per run and per rank."""
+from __future__ import annotations
+
+import os
+
+import pandas as pd
+
+from .store import open_store
+
+_PER_RANK = """
+WITH ev AS (
+    SELECT run, rank, count(*) AS events,
+           count(*) FILTER (WHERE kind IN ('compute_kernel', 'comm_kernel')) AS kernels,
+           count(*) FILTER (WHERE kind = 'comm_kernel') AS comm_kernels
+    FROM events GROUP BY run, rank),
+st AS (SELECT run, rank, count(*) AS steps, min(step) AS first_step, max(step) AS last_step,
+              median(dur_ns) / 1e6 AS median_step_ms
+       FROM steps GROUP BY run, rank),
+co AS (SELECT run, rank, count(*) FILTER (WHERE NOT is_p2p) AS collectives,
+              count(*) FILTER (WHERE is_p2p) AS p2p, sum(coalesce(in_bytes, 0)) AS comm_bytes
+       FROM comms GROUP BY run, rank),
+rk AS (SELECT run, rank, count(*) AS windows, any_value(host) AS host, any_value(backend) AS backend,
+              any_value(device) AS device, any_value(world_size) AS world_size,
+              min(start_ts_ns) AS start_ts_ns, max(end_ts_ns) AS end_ts_ns, sum(n_skipped) AS skipped
+       FROM ranks GROUP BY run, rank)
+SELECT rk.run, rk.rank, rk.windows, rk.host, rk.backend, rk.device, rk.world_size,
+       coalesce(st.steps, 0) AS steps, st.first_step, st.last_step, st.median_step_ms,
+       ev.events, ev.kernels, ev.comm_kernels, coalesce(co.collectives, 0) AS collectives,
+       coalesce(co.p2p, 0) AS p2p, coalesce(co.comm_bytes, 0) AS comm_bytes, rk.skipped,
+       (rk.end_ts_ns - rk.start_ts_ns) / 1e9 AS span_s
+FROM rk LEFT JOIN ev USING (run, rank) LEFT JOIN st USING (run, rank) LEFT JOIN co USING (run, rank)
+ORDER BY rk.run, rk.rank
+"""
+
+
+def info(store: str | os.PathLike) -> pd.DataFrame:
+    """One row per (run, rank): windows, steps, events, kernels, collectives, bytes, time span."""
+    con = open_store(store)
+    try:
+        return con.sql(_PER_RANK).df()
+    finally:
+        con.close()
+
+
+def format_info(df: pd.DataFrame, store: str) -> str:
+    if df.empty:
+        return f"{store}: empty store"
+    lines = [f"store {store}"]
+    for run, g in df.groupby("run", sort=True):
+        span = g["span_s"].max()
+        lines.append(f"run '{run}': {len(g)} rank(s), world size {_first(g['world_size'])}, backend {_first(g['backend'])}, "
+                     f"device {_first(g['device'])}, {int(g['windows'].sum())} trace file(s), "
+                     f"{int(g['events'].sum()):,} events, {int(g['kernels'].sum()):,} kernels, "
+                     f"{int(g['collectives'].sum()):,} collectives, {int(g['p2p'].sum()):,} p2p ops, time span {span:.3f} s")
+        cols = ["rank", "windows", "steps", "first_step", "last_step", "median_step_ms", "events", "kernels",
+                "collectives", "p2p", "comm_bytes", "skipped"]
+        lines.append(g[cols].astype({"skipped": "int64", "comm_bytes": "int64"}).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    return "\n".join(lines)
+
+
+def _first(series):
+    values = [v for v in series.dropna().unique()]
+    return values[0] if len(values) == 1 else ("/".join(map(str, values)) if values else "?")

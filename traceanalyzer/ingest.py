@@ -1,0 +1,268 @@
+"""Ingest Kineto traces into a store: one worker process per file, then one atomic commit.
+
+Each worker parses one trace and writes its tables into a private staging folder inside the store
+(same file system, so that moving them into place is a rename). The parent checks the batch as a
+whole (ranks, overlapping windows), moves the files to their partitions and commits the manifest.
+Any error leaves the store as it was.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import re
+import shutil
+import sys
+import time
+import traceback
+import uuid
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable
+
+from . import schema as S
+from . import store as st
+from .errors import StoreError, TraceAnalyzerError, TraceInputError
+
+_RUN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_TRACE_SUFFIXES = (".json", ".json.gz")
+
+
+@dataclass
+class TraceSummary:
+    """What one worker made of one file."""
+    path: str
+    rank: int
+    rank_source: str
+    start_ts_ns: int
+    end_ts_ns: int
+    counts: dict[str, int]
+    skipped: dict[str, int]
+    staged: dict[str, str]  # table -> staged parquet path
+    window: int = -1
+
+
+@dataclass
+class IngestReport:
+    """Result of :func:`ingest`."""
+    store: str
+    run: str
+    traces: list[TraceSummary] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def n_events(self) -> int:
+        return sum(t.counts.get("events", 0) for t in self.traces)
+
+    @property
+    def skipped(self) -> dict[str, int]:
+        total: Counter = Counter()
+        for t in self.traces:
+            total.update(t.skipped)
+        return dict(total)
+
+    def summary(self) -> str:
+        ranks = sorted({t.rank for t in self.traces})
+        comms = sum(t.counts.get("comms", 0) for t in self.traces)
+        line = (f"ingested {len(self.traces)} trace(s) of run '{self.run}' (ranks {_ranges(ranks)}): "
+                f"{self.n_events:,} events, {comms:,} communication ops in {self.seconds:.1f} s -> {self.store}")
+        if self.skipped:
+            line += "\n  skipped or repaired: " + ", ".join(f"{k}={v:,}" for k, v in sorted(self.skipped.items()))
+        return line
+
+
+def _ranges(values: list[int]) -> str:
+    if not values:
+        return "-"
+    out, start, prev = [], values[0], values[0]
+    for v in values[1:] + [None]:
+        if v is not None and v == prev + 1:
+            prev = v
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if v is not None:
+            start = prev = v
+    return ",".join(out)
+
+
+def find_traces(paths: Iterable[str | os.PathLike]) -> list[Path]:
+    """Trace files named by ``paths`` (files, or folders searched recursively)."""
+    found: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            found += sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(_TRACE_SUFFIXES)
+                            and not f.name.endswith((".fr.json", "manifest.json")))
+        elif p.exists():
+            found.append(p)
+        else:
+            raise TraceInputError(p, "no such file or folder")
+    if not found:
+        raise TraceAnalyzerError("no trace files (*.json, *.json.gz) found in " + ", ".join(map(str, paths)))
+    return found
+
+
+def _parse_one(path: str, rank_arg: int | None, staging: str) -> tuple:
+    """Worker: parse one file and stage its tables. Returns ("ok", TraceSummary) or ("error", path, problem)."""
+    from .comms import build_comms
+    from .kineto.build import build_tables
+    from .kineto.reader import read_trace
+    try:
+        trace = read_trace(path)
+        info = trace.meta.get("distributedInfo")
+        built = build_tables(trace, rank_arg)
+        del trace
+        t = built.tables
+        t["comms"] = build_comms(t["events"], t["process_groups"], t["threads"], info, built.rank)
+        folder = Path(staging) / uuid.uuid4().hex
+        folder.mkdir(parents=True)
+        staged = {}
+        for name, table in t.items():
+            out = folder / f"{name}.parquet"
+            st.write_table(table.select(S.TABLES[name].column_names), out)
+            staged[name] = str(out)
+        counts = {name: table.num_rows for name, table in t.items()}
+        return ("ok", TraceSummary(str(Path(path).resolve()), built.rank, built.rank_source, built.start_ts_ns,
+                                   built.end_ts_ns, counts, dict(built.skipped), staged))
+    except TraceInputError as exc:
+        return ("error", exc.path, exc.problem)
+    except MemoryError:
+        return ("error", path, "out of memory while parsing")
+    except Exception as exc:  # a bug of ours: say so, keep the traceback for --debug
+        return ("error", path, f"internal error while parsing ({type(exc).__name__}: {exc})", traceback.format_exc())
+
+
+def default_run_name(paths: list[Path]) -> str:
+    first = paths[0]
+    name = first.parent.name if first.is_file() else first.name
+    name = re.sub(r"[^A-Za-z0-9._-]", "_", name).strip("._-") or "run"
+    return name
+
+
+def ingest(paths, store, run: str | None = None, rank: int | None = None, workers: int | None = None,
+           progress: bool = False) -> IngestReport:
+    """Parse trace files (or folders of them) into ``store``; returns an :class:`IngestReport`.
+
+    ``rank`` is used only for files whose trace has no ``distributedInfo.rank``. Raises
+    :class:`~traceanalyzer.errors.TraceInputError` or :class:`~traceanalyzer.errors.StoreError`
+    with a one-line message; the store is then unchanged.
+    """
+    t0 = time.perf_counter()
+    paths = [Path(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
+    files = find_traces(paths)
+    run = run or default_run_name(paths)
+    if not _RUN_RE.match(run):
+        raise TraceAnalyzerError(f"invalid run name {run!r}: use letters, digits, '.', '_' and '-'")
+    store = Path(store)
+    st.check_writable(store)
+    with st.locked(store):
+        manifest = st.read_manifest(store)
+        staging = store / f".staging-{uuid.uuid4().hex}"
+        staging.mkdir()
+        try:
+            summaries = _parse_all(files, rank, staging, workers, progress)
+            _assign_windows(summaries, manifest, run)
+            _commit(store, manifest, run, summaries)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+        try:
+            st.collect_garbage(store, manifest)
+        except OSError:
+            pass
+    return IngestReport(str(store), run, summaries, time.perf_counter() - t0)
+
+
+def _parse_all(files: list[Path], rank: int | None, staging: Path, workers: int | None, progress: bool) -> list[TraceSummary]:
+    bar = _Progress(len(files), enabled=progress)
+    results = []
+    n_workers = max(1, min(workers or os.cpu_count() or 1, len(files)))
+    if n_workers == 1:
+        for f in files:
+            results.append(_parse_one(str(f), rank, str(staging)))
+            bar.advance(f)
+            if results[-1][0] == "error":
+                break
+    else:
+        ctx = mp.get_context("forkserver")
+        ctx.set_forkserver_preload(["traceanalyzer.ingest", "traceanalyzer.comms", "traceanalyzer.kineto.build"])
+        with ProcessPoolExecutor(n_workers, mp_context=ctx, max_tasks_per_child=1) as pool:
+            futures = {pool.submit(_parse_one, str(f), rank, str(staging)): f for f in files}
+            for fut in as_completed(futures):
+                try:
+                    results.append(fut.result())
+                except Exception as exc:  # the worker died (killed, out of memory)
+                    results.append(("error", str(futures[fut]), f"worker process died ({type(exc).__name__}: {exc})"))
+                bar.advance(futures[fut])
+                if results[-1][0] == "error":
+                    for other in futures:
+                        other.cancel()
+                    break
+    bar.close()
+    for r in results:
+        if r[0] == "error":
+            err = TraceInputError(r[1], r[2])
+            err.debug_traceback = r[3] if len(r) > 3 else None
+            raise err
+    return sorted((r[1] for r in results), key=lambda s: (s.rank, s.start_ts_ns))
+
+
+def _assign_windows(summaries: list[TraceSummary], manifest: st.Manifest, run: str) -> None:
+    """Number each new trace's window; two traces of one rank must not overlap in time."""
+    existing: dict[int, list[dict]] = {}
+    for t in manifest.traces:
+        if t["run"] == run:
+            existing.setdefault(t["rank"], []).append(t)
+    for s in summaries:
+        for other in existing.get(s.rank, []):
+            if s.start_ts_ns < other["end_ts_ns"] and other["start_ts_ns"] < s.end_ts_ns:
+                same = Path(other["trace_file"]) == Path(s.path)
+                raise TraceInputError(s.path, (
+                    f"rank {s.rank} of run '{run}' is already in the store from this file" if same else
+                    f"duplicate rank {s.rank}: its time range overlaps {other['trace_file']} "
+                    f"(run '{run}', window {other['window']}); use another --run or check the rank")
+                    + ("" if not same else "; use another --run to ingest it again"))
+        s.window = max([o["window"] for o in existing.get(s.rank, [])], default=-1) + 1
+        existing.setdefault(s.rank, []).append({"trace_file": s.path, "start_ts_ns": s.start_ts_ns,
+                                                "end_ts_ns": s.end_ts_ns, "window": s.window})
+
+
+def _commit(store: Path, manifest: st.Manifest, run: str, summaries: list[TraceSummary]) -> None:
+    manifest.generation += 1
+    gen = manifest.generation
+    for s in summaries:
+        files = {}
+        for table, staged in s.staged.items():
+            rel = f"{st.partition_dir(table, run, s.rank, s.window)}/part-{gen}.parquet"
+            (store / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staged, store / rel)
+            files[table] = rel
+        manifest.traces.append({"run": run, "rank": s.rank, "window": s.window, "trace_file": s.path,
+                                "start_ts_ns": s.start_ts_ns, "end_ts_ns": s.end_ts_ns, "files": files})
+    st.write_manifest(store, manifest)
+
+
+class _Progress:
+    """A one-line progress bar on stderr (a line per file when stderr is not a terminal)."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.done, self.enabled = total, 0, enabled
+        self.t0 = time.perf_counter()
+        self.tty = sys.stderr.isatty()
+
+    def advance(self, path) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        width = 30
+        filled = int(width * self.done / self.total)
+        text = f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} files  {time.perf_counter() - self.t0:.1f} s  {Path(path).name}"
+        if self.tty:
+            sys.stderr.write("\r" + text[:150].ljust(150))
+        else:
+            sys.stderr.write(text + "\n")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled and self.tty:
+            sys.stderr.write("\n")

@@ -1,0 +1,192 @@
+"""The on-disk store: Hive-partitioned Parquet plus one manifest, and DuckDB views over it.
+
+Layout::
+
+    STORE/_store.json                                    the manifest (the commit point)
+    STORE/<table>/run=R/rank=K/window=W/part-G.parquet   one file per table and trace
+
+Atomicity: new files are written and moved into place first; they only become part of the store
+when the manifest, which lists every live file, is replaced in one ``os.replace``. An ingest
+killed at any point therefore leaves the previous store intact; files it left behind are not
+listed, never read, and removed by the next ingest. A lock file keeps two ingests apart.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import pyarrow as pa
+
+from . import __version__
+from . import schema as S
+from .errors import StoreError
+
+MANIFEST = "_store.json"
+LOCK = "_store.lock"
+FORMAT = "traceanalyzer-store"
+
+_DUCK_TYPES = {"int64": "BIGINT", "int32": "INTEGER", "string": "VARCHAR", "bool": "BOOLEAN",
+               "double": "DOUBLE", "list<item: int32>": "INTEGER[]"}
+
+
+@dataclass
+class Manifest:
+    schema_version: str = S.SCHEMA_VERSION
+    generation: int = 0
+    #: one entry per trace: run, rank, window, trace_file, start_ts_ns, end_ts_ns, files {table: relpath}
+    traces: list[dict[str, Any]] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps({"format": FORMAT, "schema_version": self.schema_version, "writer": f"traceanalyzer {__version__}",
+                           "generation": self.generation, "traces": self.traces, **self.extra}, indent=1)
+
+    def files(self, table: str) -> list[str]:
+        return [t["files"][table] for t in self.traces if table in t["files"]]
+
+
+def read_manifest(store: Path) -> Manifest:
+    path = store / MANIFEST
+    if not path.exists():
+        if store.exists() and any(not p.name.startswith((".", "_store")) for p in store.iterdir()):
+            raise StoreError(f"{store}: not a traceanalyzer store (no {MANIFEST}) and not empty; choose another --store")
+        return Manifest()
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise StoreError(f"{path}: unreadable store manifest ({exc})") from None
+    if doc.get("format") != FORMAT:
+        raise StoreError(f"{path}: not a traceanalyzer store manifest")
+    version = str(doc.get("schema_version", "?"))
+    if version.split(".")[0] != S.SCHEMA_VERSION.split(".")[0]:
+        raise StoreError(f"{store}: written with store schema {version} ({doc.get('writer', '?')}); this traceanalyzer "
+                         f"reads schema {S.SCHEMA_VERSION}: re-ingest the traces into a new store")
+    known = {"format", "schema_version", "writer", "generation", "traces"}
+    return Manifest(version, int(doc.get("generation", 0)), list(doc.get("traces", [])),
+                    {k: v for k, v in doc.items() if k not in known})
+
+
+def write_manifest(store: Path, manifest: Manifest) -> None:
+    tmp = store / f".{MANIFEST}.{uuid.uuid4().hex}.tmp"
+    tmp.write_text(manifest.to_json())
+    with open(tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(tmp, store / MANIFEST)  # the commit point
+
+
+def check_writable(store: Path) -> None:
+    try:
+        store.mkdir(parents=True, exist_ok=True)
+        probe = store / f".write-test-{uuid.uuid4().hex}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise StoreError(f"{store}: cannot write the store ({exc.strerror or exc})") from None
+
+
+@contextmanager
+def locked(store: Path):
+    """Exclusive write access to the store; a lock left by a dead process is taken over."""
+    lock = store / LOCK
+    for _ in range(2):
+        try:
+            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            break
+        except FileExistsError:
+            try:
+                pid = int(lock.read_text().strip() or 0)
+            except (OSError, ValueError):
+                pid = 0
+            if pid and _alive(pid):
+                raise StoreError(f"{store}: another ingest (pid {pid}) is writing this store; wait for it, "
+                                 f"or remove {lock} if that process is gone") from None
+            lock.unlink(missing_ok=True)
+    else:
+        raise StoreError(f"{store}: cannot take the store lock {lock}")
+    try:
+        os.write(fd, str(os.getpid()).encode())
+        os.close(fd)
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def partition_dir(table: str, run: str, rank: int, window: int) -> str:
+    return f"{table}/run={run}/rank={rank}/window={window}"
+
+
+def collect_garbage(store: Path, manifest: Manifest) -> None:
+    """Remove files no manifest lists (left by an ingest that was killed) and old staging dirs."""
+    live = {f for t in manifest.traces for f in t["files"].values()}
+    for table in S.TABLES:
+        root = store / table
+        if not root.exists():
+            continue
+        for path in root.rglob("*.parquet"):
+            if path.relative_to(store).as_posix() not in live:
+                path.unlink(missing_ok=True)
+        for d in sorted((p for p in root.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+    for staging in store.glob(".staging-*"):  # we hold the lock: no other ingest is staging
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+def _empty_select(table: S.Table) -> str:
+    cols = [f"NULL::{t} AS {k}" for k, t in S.PARTITION_KEYS.items()]
+    cols += [f"NULL::{_DUCK_TYPES[str(c.type)]} AS \"{c.name}\"" for c in table.columns]
+    return f"SELECT {', '.join(cols)} WHERE false"
+
+
+def _sql_list(paths: list[str]) -> str:
+    return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
+
+
+def open_store(store: str | os.PathLike, read_only_db: str | None = None) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with one view per canonical table (plus ``runs``) over the store."""
+    store = Path(store)
+    if not (store / MANIFEST).exists():
+        raise StoreError(f"{store}: no traceanalyzer store here (missing {MANIFEST}); create one with "
+                         f"`traceanalyzer ingest TRACES --store {store}`")
+    manifest = read_manifest(store)
+    con = duckdb.connect(read_only_db or ":memory:")
+    hive_types = "{" + ", ".join(f"'{k}': '{t}'" for k, t in S.PARTITION_KEYS.items()) + "}"
+    for name, table in S.TABLES.items():
+        files = [str(store / f) for f in manifest.files(name)]
+        if files:
+            con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet({_sql_list(files)}, "
+                        f"hive_partitioning = true, hive_types = {hive_types}, union_by_name = true)")
+        else:
+            con.execute(f"CREATE VIEW {name} AS {_empty_select(table)}")
+    con.execute("""
+        CREATE VIEW runs AS
+        SELECT run, count(DISTINCT rank) AS n_ranks, count(*) AS n_windows, max(world_size) AS world_size,
+               any_value(backend) AS backend, min(start_ts_ns) AS start_ts_ns, max(end_ts_ns) AS end_ts_ns
+        FROM ranks GROUP BY run""")
+    return con
+
+
+def write_table(table: pa.Table, path: Path) -> None:
+    import pyarrow.parquet as pq
+    pq.write_table(table, path, compression="zstd", row_group_size=256 * 1024)
