@@ -94,7 +94,7 @@ def _report(status: str, output: str, logs: Path) -> str:
     parts = [f"torchrun {status}; its output (tail):\n{output[-TAIL_CHARS:]}"]
     # torchrun writes LOG_DIR/<run id>/attempt_<n>/<local rank>/stderr.log
     for path in sorted(logs.glob("**/stderr.log")):
-        rank = path.parent.name
+        rank = path.parent.name  # the local rank, which is the rank: --standalone is one node
         parts.append(f"rank {rank} stderr ({path}) (tail):\n{path.read_text()[-TAIL_CHARS:]}")
     if len(parts) == 1:
         parts.append(f"no rank logs found under {logs}")

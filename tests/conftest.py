@@ -1,0 +1,40 @@
+"""Shared fixtures: where the real traces live, and a helper to run the CLI in-process."""
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACES = ROOT / "traces"
+EXTERNAL = ROOT.parent / "shared" / "traces" / "external"
+
+
+def external_files() -> list[Path]:
+    return sorted(EXTERNAL.glob("*/*.json.gz"))
+
+
+def load_raw(path: Path) -> dict:
+    """The trace as plain JSON (the independent reading the tests compare against)."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as fh:
+        return json.load(fh)
+
+
+@pytest.fixture
+def run_cli(capsys):
+    """Run ``traceanalyzer ARGS`` in-process; returns (exit code, stdout, stderr)."""
+    from traceanalyzer.cli import main
+
+    def run(*args):
+        code = main([str(a) for a in args])
+        out = capsys.readouterr()
+        return code, out.out, out.err
+    return run
+
+
+def need_external():
+    if not EXTERNAL.exists():
+        pytest.skip(f"external traces not found at {EXTERNAL} (they live in ../shared/traces/external)")
