@@ -165,8 +165,9 @@ class _Nesting:
 
 
 def build_comms(events: pa.Table, process_groups: pa.Table, threads: pa.Table, info: dict | None,
-                rank: int) -> pa.Table:
-    """The comms rows of one trace (window column not filled in)."""
+                rank: int, fr_entries: list | None = None) -> pa.Table:
+    """The comms rows of one trace; ``fr_entries`` (Flight Recorder) give gloo collectives their
+    process group and sequence id."""
     info = info if isinstance(info, dict) else {}
     cols = ["event_id", "kind", "name", "ts_ns", "dur_ns", "tid", "stream", "correlation", "external_id",
             "step", "args_json", "is_gpu"]
@@ -178,7 +179,15 @@ def build_comms(events: pa.Table, process_groups: pa.Table, threads: pa.Table, i
     launches = launches.select(["tid", "ts_ns", "correlation"]).to_pydict()
     ctx = _Context(cpu, kernels, launches, process_groups, threads, info, rank)
     rows = ctx.nccl_rows() + ctx.gloo_and_other_rows() + ctx.orphan_kernel_rows()
+    if fr_entries:
+        from .flight_recorder import join_fr
+        join_fr(rows, fr_entries)
+        for r in rows:
+            if r["pg_source"] == "flight_recorder":
+                ctx.fill_pg(r)
     _number(rows)
+    for r in rows:
+        r.pop("fr_seq", None)
     table = pa.Table.from_pylist(rows, schema=S.COMMS.arrow_schema)
     return table
 
@@ -244,6 +253,12 @@ class _Context:
         if row["step"] is None:
             row["step"] = execu["step"]
         return row
+
+    def fill_pg(self, row: dict) -> None:
+        """Members and size of the row's group from pg_config (after a Flight Recorder join)."""
+        pg = self._pg(row["pg_name"])
+        row["pg_ranks"] = pg.get("pg_ranks") or row["pg_ranks"]
+        row["group_size"] = pg.get("pg_size") or row["group_size"]
 
     def _set_pg(self, row: dict, name, source: str, inferred: bool, args: dict | None = None) -> None:
         args = args or {}
@@ -465,3 +480,5 @@ def _number(rows: list[dict]) -> None:
             seq[r["pg_name"]] += 1
             if r["nccl_seq"] is not None:
                 r["seq"], r["seq_source"] = r["nccl_seq"], "nccl_seq"
+            elif r.get("fr_seq") is not None:
+                r["seq"], r["seq_source"] = r["fr_seq"], "flight_recorder"

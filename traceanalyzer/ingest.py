@@ -106,6 +106,7 @@ def find_traces(paths: Iterable[str | os.PathLike]) -> list[Path]:
 def _parse_one(path: str, rank_arg: int | None, staging: str) -> tuple:
     """Worker: parse one file and stage its tables. Returns ("ok", TraceSummary) or ("error", path, problem)."""
     from .comms import build_comms
+    from .flight_recorder import read_fr_json, sidecar_path
     from .kineto.build import build_tables
     from .kineto.reader import read_trace
     try:
@@ -114,7 +115,9 @@ def _parse_one(path: str, rank_arg: int | None, staging: str) -> tuple:
         built = build_tables(trace, rank_arg)
         del trace
         t = built.tables
-        t["comms"] = build_comms(t["events"], t["process_groups"], t["threads"], info, built.rank)
+        fr_path = sidecar_path(path, built.rank)
+        fr = read_fr_json(fr_path) if fr_path else None
+        t["comms"] = build_comms(t["events"], t["process_groups"], t["threads"], info, built.rank, fr)
         folder = Path(staging) / uuid.uuid4().hex
         folder.mkdir(parents=True)
         staged = {}
