@@ -223,11 +223,11 @@ def _assign_windows(summaries: list[TraceSummary], manifest: st.Manifest, run: s
                 raise TraceInputError(s.path, (
                     f"rank {s.rank} of run '{run}' is already in the store from this file" if same else
                     f"duplicate rank {s.rank}: its time range overlaps {other['trace_file']} "
-                    f"(run '{run}', window {other['window']}); use another --run or check the rank")
+                    f"(run '{run}', window_id {other['window_id']}); use another --run or check the rank")
                     + ("" if not same else "; use another --run to ingest it again"))
-        s.window = max([o["window"] for o in existing.get(s.rank, [])], default=-1) + 1
+        s.window = max([o["window_id"] for o in existing.get(s.rank, [])], default=-1) + 1
         existing.setdefault(s.rank, []).append({"trace_file": s.path, "start_ts_ns": s.start_ts_ns,
-                                                "end_ts_ns": s.end_ts_ns, "window": s.window})
+                                                "end_ts_ns": s.end_ts_ns, "window_id": s.window})
 
 
 def _commit(store: Path, manifest: st.Manifest, run: str, summaries: list[TraceSummary]) -> None:
@@ -240,7 +240,7 @@ def _commit(store: Path, manifest: st.Manifest, run: str, summaries: list[TraceS
             (store / rel).parent.mkdir(parents=True, exist_ok=True)
             os.replace(staged, store / rel)
             files[table] = rel
-        manifest.traces.append({"run": run, "rank": s.rank, "window": s.window, "trace_file": s.path,
+        manifest.traces.append({"run": run, "rank": s.rank, "window_id": s.window, "trace_file": s.path,
                                 "start_ts_ns": s.start_ts_ns, "end_ts_ns": s.end_ts_ns, "files": files})
     st.write_manifest(store, manifest)
 

@@ -6,9 +6,9 @@ views expose them, analyses read them. Conventions:
 * time is int64 nanoseconds since the Unix epoch (``*_ts_ns``) or a duration (``*_dur_ns``),
   parsed exactly from the trace's decimal text (``baseTimeNanoseconds + ts x 1000``);
 * sizes are ``*_bytes`` or ``*_nelems``; ``rank`` is always the *global* rank;
-* ``run``, ``rank`` and ``window`` are Hive partition keys
-  (``TABLE/run=R/rank=K/window=W/part-G.parquet``), so they are not stored inside the files;
-* a trace file is identified by ``(run, rank, window)``: a rank may have several profiling
+* ``run``, ``rank`` and ``window_id`` are Hive partition keys
+  (``TABLE/run=R/rank=K/window_id=W/part-G.parquet``), so they are not stored inside the files;
+* a trace file is identified by ``(run, rank, window_id)``: a rank may have several profiling
   windows of one long run; windows are numbered 0, 1, ... per rank in the order they are ingested.
 
 Bump ``SCHEMA_VERSION`` whenever a column changes meaning or type; a store written with another
@@ -27,7 +27,7 @@ SCHEMA_VERSION = "1.0"
 MAX_EVENT_DUR_NS = 24 * 3600 * 1_000_000_000
 
 #: Partition keys, in path order, with their DuckDB types.
-PARTITION_KEYS = {"run": "VARCHAR", "rank": "INTEGER", "window": "INTEGER"}
+PARTITION_KEYS = {"run": "VARCHAR", "rank": "INTEGER", "window_id": "INTEGER"}
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ THREADS = Table("threads", "CPU threads and GPU streams of a trace, with their m
 ))
 
 EVENTS = Table("events", "Every complete ('X') and instant ('i') trace event.", (
-    _c("event_id", I64, "row number within (run, rank, window); referenced by comms"),
+    _c("event_id", I64, "row number within (run, rank, window_id); referenced by comms"),
     _c("ph", STR, "trace phase: X (complete) or i (instant)"),
     _c("cat", STR, "Kineto category: cpu_op, user_annotation, gpu_user_annotation, kernel, gpu_memcpy, gpu_memset, cuda_runtime, cuda_driver, cuda_sync, python_function, ..."),
     _c("kind", STR, "normalised class: cpu_op, comm_op, annotation, python, runtime, sync, compute_kernel, comm_kernel, memcpy, memset, gpu_annotation, step, instant, other"),
@@ -130,7 +130,7 @@ STEPS = Table("steps", "ProfilerStep#N ranges per rank (from the CPU-side annota
 ))
 
 COMMS = Table("comms", "One row per communication operation on a rank, normalised across the NCCL, legacy NCCL, gloo and non-NCCL dialects.", (
-    _c("comm_id", I64, "row number within (run, rank, window)"),
+    _c("comm_id", I64, "row number within (run, rank, window_id)"),
     _c("dialect", STR, "nccl (record_param_comms with args, 2024+), nccl_legacy (bare record_param_comms + nccl:<op> annotation), gloo (c10d::* enqueue + gloo:* span), kernel_only (a communication kernel without CPU side), symm_mem / other (non-NCCL communication kernels)"),
     _c("op", STR, "normalised op: all_reduce, all_gather, reduce_scatter, all_to_all, broadcast, reduce, gather, scatter, barrier, send, recv, send_recv, coalesced, ..."),
     _c("is_p2p", BOOL, "point-to-point (send/recv) rather than a collective"),
@@ -193,7 +193,7 @@ def describe() -> str:
     """Markdown description of every table and column (used by ``traceanalyzer schema``)."""
     lines = [f"# traceanalyzer store schema {SCHEMA_VERSION}", "",
              "Every per-rank table also has the Hive partition columns `run` (VARCHAR), `rank` (INTEGER, the global "
-             "rank) and `window` (INTEGER, the profiling window of that rank).", ""]
+             "rank) and `window_id` (INTEGER, the profiling window of that rank; `window` is an SQL keyword).", ""]
     for t in list(TABLES.values()) + [RUNS]:
         lines += [f"## {t.name}", "", t.doc, "", "| column | type | unit | meaning |", "|---|---|---|---|"]
         lines += [f"| {c.name} | {c.type} | {c.unit} | {c.doc} |" for c in t.columns]

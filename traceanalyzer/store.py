@@ -3,7 +3,7 @@
 Layout::
 
     STORE/_store.json                                    the manifest (the commit point)
-    STORE/<table>/run=R/rank=K/window=W/part-G.parquet   one file per table and trace
+    STORE/<table>/run=R/rank=K/window_id=W/part-G.parquet   one file per table and trace
 
 Atomicity: new files are written and moved into place first; they only become part of the store
 when the manifest, which lists every live file, is replaced in one ``os.replace``. An ingest
@@ -128,8 +128,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def partition_dir(table: str, run: str, rank: int, window: int) -> str:
-    return f"{table}/run={run}/rank={rank}/window={window}"
+def partition_dir(table: str, run: str, rank: int, window_id: int) -> str:
+    return f"{table}/run={run}/rank={rank}/window_id={window_id}"
 
 
 def collect_garbage(store: Path, manifest: Manifest) -> None:

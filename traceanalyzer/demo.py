@@ -1,0 +1,59 @@
+"""``traceanalyzer demo``: the main job end to end on the embedded default (DuckDB + local Parquet).
+
+With ``--record`` it records a fresh, real 2-rank gloo DDP run with torchrun (needs the ``collect``
+extra); otherwise it uses the real runs shipped in ``traces/``. Either way it ingests them into the
+store and prints what the store holds and how the collectives line up across ranks.
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+from .info import format_info, info
+from .ingest import ingest
+from .store import open_store
+
+SHIPPED = Path(__file__).resolve().parent.parent / "traces"
+
+_JOINED = """
+SELECT run, op, count(DISTINCT (pg_name, seq)) AS collectives, count(DISTINCT rank) AS ranks,
+       round(median(in_bytes) / 1e6, 3) AS median_mb,
+       round(median(dur_ns) / 1e6, 3) AS median_ms
+FROM comms WHERE NOT is_p2p GROUP BY run, op ORDER BY run, op
+"""
+
+_STEP_TIMES = """
+SELECT run, rank, round(median(dur_ns) / 1e6, 2) AS median_step_ms, round(max(dur_ns) / 1e6, 2) AS max_step_ms
+FROM steps GROUP BY run, rank ORDER BY run, rank
+"""
+
+
+def demo(store: str, record: bool = False) -> int:
+    store_path = Path(store)
+    if record:
+        from .workloads.launch import launch
+        tmp = Path(tempfile.mkdtemp(prefix="traceanalyzer-demo-"))
+        print(f"recording a real 2-rank gloo DDP run with torchrun into {tmp} ...")
+        result = launch(2, ["ddp", "--run-name", "demo_ddp_2rank", "--steps", "6"], tmp)
+        sources = {"demo_ddp_2rank": result.out_dir / "demo_ddp_2rank"}
+    else:
+        if not SHIPPED.is_dir():
+            print(f"no shipped traces at {SHIPPED}; run with --record to record a run")
+            return 2
+        sources = {p.name: p for p in sorted(SHIPPED.iterdir()) if p.is_dir()}
+    con = open_store(store_path) if (store_path / "_store.json").exists() else None
+    have = {r for (r,) in con.execute("SELECT DISTINCT run FROM ranks").fetchall()} if con else set()
+    for run, folder in sources.items():
+        if run in have:
+            print(f"run '{run}' is already in {store_path}; skipped")
+            continue
+        print(ingest([folder], store_path, run=run, progress=False).summary())
+    print()
+    print(format_info(info(store_path), str(store_path)))
+    con = open_store(store_path)
+    print("\ncollectives joined across ranks (per run and op):")
+    print(con.sql(_JOINED).df().to_string(index=False))
+    print("\nstep time per rank:")
+    print(con.sql(_STEP_TIMES).df().to_string(index=False))
+    print(f"\nquery it yourself: traceanalyzer sql {store_path} \"SELECT * FROM comms LIMIT 5\"")
+    return 0
