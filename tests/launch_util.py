@@ -1,2 +1,2 @@
 """The tests launch real torchrun jobs through the package's own launcher."""
-from traceanalyzer.workloads.launch import Launch, LaunchError, launch  # noqa: F401
+from traceanalyzer.workloads.launch import REPO_ROOT, Launch, LaunchError, launch  # noqa: F401
