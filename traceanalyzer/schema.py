@@ -95,7 +95,7 @@ THREADS = Table("threads", "CPU threads and GPU streams of a trace, with their m
 ))
 
 EVENTS = Table("events", "Every complete ('X') and instant ('i') trace event.", (
-    _c("event_id", I64, "row number within (run, rank, window_id); referenced by comms"),
+    _c("event_id", I64, "position of the event among the trace file's complete and instant events (gaps where events were dropped); unique within (run, rank, window_id); referenced by comms"),
     _c("ph", STR, "trace phase: X (complete) or i (instant)"),
     _c("cat", STR, "Kineto category: cpu_op, user_annotation, gpu_user_annotation, kernel, gpu_memcpy, gpu_memset, cuda_runtime, cuda_driver, cuda_sync, python_function, ..."),
     _c("kind", STR, "normalised class: cpu_op, comm_op, annotation, python, runtime, sync, compute_kernel, comm_kernel, memcpy, memset, gpu_annotation, step, instant, other"),

@@ -9,7 +9,7 @@ import re
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Union
 
 import numpy as np
 import pyarrow as pa
@@ -28,6 +28,14 @@ _FILE_RANK_RE = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?(\d+)", re.IGNORECA
 
 class _ArgIds(msgspec.Struct, gc=False):
     """The few args every event may carry that we lift into typed columns."""
+    external_id: Union[int, None] = msgspec.field(default=None, name="External id")
+    correlation: Union[int, None] = None
+    stream: Union[int, None] = None
+    device: Union[int, None] = None
+
+
+class _LooseArgIds(msgspec.Struct, gc=False):
+    """The same, for writers that put text or floats there (converted one by one)."""
     external_id: Any = msgspec.field(default=None, name="External id")
     correlation: Any = None
     stream: Any = None
@@ -72,13 +80,25 @@ def _int_or_none(value) -> int | None:
         return None
 
 
-def _raw_column(raws: list) -> pa.Array:
-    """A string array built from raw JSON slices without creating Python strings."""
-    lengths = np.fromiter((len(r) for r in raws), dtype=np.int64, count=len(raws))
+def _concat(raws: list) -> tuple[bytes, np.ndarray]:
+    """Raw JSON slices back to back in one buffer, with their offsets (no Python strings made)."""
     offsets = np.zeros(len(raws) + 1, dtype=np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    data = b"".join(raws)
-    return pa.LargeStringArray.from_buffers(len(raws), pa.py_buffer(offsets), pa.py_buffer(data)).cast(pa.string())
+    np.cumsum(np.fromiter(map(len, raws), dtype=np.int64, count=len(raws)), out=offsets[1:])
+    return b"".join(raws), offsets
+
+
+def _raw_column(raws: list) -> pa.Array:
+    """A string array of raw JSON slices."""
+    buf, offsets = _concat(raws)
+    return pa.LargeStringArray.from_buffers(len(raws), pa.py_buffer(offsets), pa.py_buffer(buf)).cast(pa.string())
+
+
+def _int_column(values: list) -> pa.Array:
+    """int64 column from ints/None; other values (text ids) through :func:`_id`."""
+    try:
+        return pa.array(values, pa.int64())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
+        return pa.array([_id(v) for v in values], pa.int64())
 
 
 def resolve_rank(trace: RawTrace, rank_arg: int | None) -> tuple[int, str]:
@@ -98,39 +118,44 @@ def build_tables(trace: RawTrace, rank_arg: int | None = None) -> RankTables:
     rank, rank_source = resolve_rank(trace, rank_arg)
     skipped = trace.skipped
     base_ns = _int_or_none(trace.meta.get("baseTimeNanoseconds")) or 0
-    args_decoder = msgspec.json.Decoder(_ArgIds)
     ev_parts: dict[str, list] = {k: [] for k in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args",
                                                  "ext", "corr", "stream", "device")}
     flows: dict[str, list] = {k: [] for k in ("flow_id", "cat", "ph", "ts", "pid", "tid")}
     meta_events: list[Event] = []
 
     for chunk in trace.chunks():
-        xs = [e for e in chunk if e.ph == "X" or e.ph == "i"]
-        fl = [e for e in chunk if e.ph in ("s", "f", "t")]
-        meta_events += [e for e in chunk if e.ph == "M"]
+        xs, fl = [], []
         for e in chunk:
-            if e.ph not in ("X", "i", "s", "f", "t", "M"):
-                skipped[f"unsupported_phase_{e.ph or 'missing'}"] += 1
+            ph = e.ph
+            if ph == "X" or ph == "i":
+                xs.append(e)
+            elif ph == "s" or ph == "f" or ph == "t":
+                fl.append(e)
+            elif ph == "M":
+                meta_events.append(e)
+            else:
+                skipped[f"unsupported_phase_{ph or 'missing'}"] += 1
         ev_parts["ph"].append(pa.array([e.ph for e in xs], pa.string()))
-        ev_parts["cat"].append(pa.array([e.cat if isinstance(e.cat, str) else str(e.cat) for e in xs], pa.string()))
-        ev_parts["name"].append(pa.array([e.name if isinstance(e.name, str) else str(e.name) for e in xs], pa.string()))
-        ev_parts["pid"].append(pa.array([_id(e.pid) for e in xs], pa.int64()))
-        ev_parts["tid"].append(pa.array([_id(e.tid) for e in xs], pa.int64()))
+        ev_parts["cat"].append(_str_column([e.cat for e in xs]))
+        ev_parts["name"].append(_str_column([e.name for e in xs]))
+        ev_parts["pid"].append(_int_column([e.pid for e in xs]))
+        ev_parts["tid"].append(_int_column([e.tid for e in xs]))
         ev_parts["ts"].append(us_text_to_ns_checked(trace, [e.ts for e in xs]))
         ev_parts["dur"].append(us_text_to_ns_checked(trace, [e.dur for e in xs]))
-        ev_parts["args"].append(_raw_column([e.args for e in xs]))
-        ids = [_decode_ids(args_decoder, e.args) for e in xs]
-        ev_parts["ext"].append(pa.array([_int_or_none(i.external_id) for i in ids], pa.int64()))
-        ev_parts["corr"].append(pa.array([_int_or_none(i.correlation) for i in ids], pa.int64()))
-        ev_parts["stream"].append(pa.array([_int_or_none(i.stream) for i in ids], pa.int64()))
-        ev_parts["device"].append(pa.array([_int_or_none(i.device) for i in ids], pa.int64()))
+        args = [e.args for e in xs]
+        ev_parts["args"].append(_raw_column(args))
+        ids = _decode_ids(args)
+        ev_parts["ext"].append(_int_column([i.external_id for i in ids]))
+        ev_parts["corr"].append(_int_column([i.correlation for i in ids]))
+        ev_parts["stream"].append(_int_column([i.stream for i in ids]))
+        ev_parts["device"].append(_int_column([i.device for i in ids]))
         flows["flow_id"] += [_id(e.id) for e in fl]
         flows["cat"] += [str(e.cat) for e in fl]
         flows["ph"] += [e.ph for e in fl]
         flows["ts"].append(us_text_to_ns_checked(trace, [e.ts for e in fl]))
         flows["pid"] += [_id(e.pid) for e in fl]
         flows["tid"] += [_id(e.tid) for e in fl]
-        del chunk, xs, fl
+        del chunk, xs, fl, args, ids
 
     trace.events_raw = []  # release the file's bytes before building the tables
     cols = {k: pa.chunked_array(v, type=v[0].type).combine_chunks() if v else pa.array([]) for k, v in ev_parts.items()}
@@ -153,21 +178,36 @@ def build_tables(trace: RawTrace, rank_arg: int | None = None) -> RankTables:
 
 def us_text_to_ns_checked(trace: RawTrace, raws: list) -> pa.Array:
     try:
-        return us_text_to_ns(_raw_column(raws))
+        return us_text_to_ns(*_concat(raws))
     except ValueError as exc:
         raise TraceInputError(trace.path, f"bad timestamp or duration: {exc}") from None
 
 
-def _decode_ids(decoder, raw) -> _ArgIds:
-    if not raw:
-        return _NO_IDS
+def _str_column(values: list) -> pa.Array:
     try:
-        return decoder.decode(raw)
-    except msgspec.DecodeError:
-        return _NO_IDS
+        return pa.array(values, pa.string())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+        return pa.array([v if isinstance(v, str) else ("" if v is None else str(v)) for v in values], pa.string())
 
 
-_NO_IDS = _ArgIds()
+_IDS = msgspec.json.Decoder(list[_ArgIds])
+_LOOSE_IDS = msgspec.json.Decoder(_LooseArgIds)
+_NO_IDS = _LooseArgIds()
+
+
+def _decode_ids(args: list) -> list:
+    """Typed decode of the id args of a chunk in one call; row by row where a writer deviates."""
+    try:
+        return _IDS.decode(b"[" + b",".join(a if a else b"{}" for a in args) + b"]")
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        out = []
+        for a in args:
+            try:
+                ids = _LOOSE_IDS.decode(a) if a else _NO_IDS
+            except msgspec.DecodeError:
+                ids = _NO_IDS
+            out.append(_LooseArgIds(*(_int_or_none(getattr(ids, f)) for f in ("external_id", "correlation", "stream", "device"))))
+        return out
 
 
 def _events_table(cols: dict[str, pa.Array], base_ns: int, skipped: Counter) -> pa.Table:
@@ -193,16 +233,15 @@ def _events_table(cols: dict[str, pa.Array], base_ns: int, skipped: Counter) -> 
     device = pc.if_else(is_gpu_a, pc.coalesce(cols["device"], cols["pid"]), pa.scalar(None, pa.int64()))
     stream = pc.if_else(is_gpu_a, pc.coalesce(cols["stream"], cols["tid"]), pa.scalar(None, pa.int64()))
     table = pa.table({
+        "event_id": pa.array(np.arange(n, dtype=np.int64)),
         "ph": cols["ph"], "cat": cols["cat"], "kind": kind, "name": cols["name"],
         "ts_ns": pc.add(ts, base_ns), "dur_ns": pa.array(dur_np), "pid": cols["pid"], "tid": cols["tid"],
         "is_gpu": is_gpu_a, "device": device.cast(pa.int32()), "stream": stream,
         "correlation": cols["corr"], "external_id": cols["ext"],
         "step": pa.nulls(n, pa.int32()), "args_json": cols["args"],
-    }).filter(keep)
-    # Start order makes per-thread scans and range joins cheap later on.
-    table = table.sort_by([("ts_ns", "ascending"), ("dur_ns", "descending")])
-    table = table.add_column(0, "event_id", pa.array(np.arange(table.num_rows, dtype=np.int64)))
-    return table
+    })
+    # event_id is the position in the file (kept for every event, dropped ones leave gaps)
+    return table.filter(keep) if drop.any() else table
 
 
 def _steps_table(events: pa.Table) -> pa.Table:

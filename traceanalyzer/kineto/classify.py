@@ -32,27 +32,43 @@ STEP_RE = re.compile(r"^ProfilerStep#(\d+)$")
 
 
 def classify(cat: pa.Array, name: pa.Array, ph: pa.Array) -> tuple[pa.Array, np.ndarray]:
-    """Return (kind, is_gpu) for arrays of category, name and phase."""
-    cat_l = pc.utf8_lower(pc.fill_null(cat, ""))
-    name = pc.fill_null(name, "")
-    is_gpu = pc.is_in(cat_l, pa.array(GPU_CATS)).to_numpy(zero_copy_only=False)
-    n = len(cat)
-    kind = np.full(n, "other", dtype=object)
+    """Return (kind, is_gpu) for arrays of category, name and phase.
+
+    The rules run once per distinct (cat, name, ph) -- a trace has thousands of distinct names
+    but millions of events -- and the result is spread back with the dictionary indices.
+    """
+    codes, uniques = [], []
+    for arr in (cat, name, ph):
+        enc = pc.dictionary_encode(pc.fill_null(arr, ""))
+        codes.append(enc.indices.to_numpy(zero_copy_only=False).astype(np.int64))
+        uniques.append(enc.dictionary)
+    n_name, n_ph = len(uniques[1]), max(len(uniques[2]), 1)
+    key = (codes[0] * n_name + codes[1]) * n_ph + codes[2]
+    distinct, inverse = np.unique(key, return_inverse=True)
+    cat_i, rest = np.divmod(distinct, n_name * n_ph)
+    name_i, ph_i = np.divmod(rest, n_ph)
+    kind_u, gpu_u = _classify_unique(uniques[0].take(pa.array(cat_i)), uniques[1].take(pa.array(name_i)),
+                                     uniques[2].take(pa.array(ph_i)))
+    return pa.array(kind_u[inverse], pa.string()), gpu_u[inverse]
+
+
+def _classify_unique(cat: pa.Array, name: pa.Array, ph: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    cat_l = pc.utf8_lower(cat)
 
     def where(mask):
         return np.asarray(mask.to_numpy(zero_copy_only=False), dtype=bool)
 
+    is_gpu = where(pc.is_in(cat_l, pa.array(GPU_CATS)))
+    kind = np.full(len(cat), "other", dtype=object)
     is_kernel = where(pc.equal(cat_l, "kernel"))
-    comm_name = where(pc.match_substring_regex(name, COMM_KERNEL_RE))
     kind[is_kernel] = "compute_kernel"
-    kind[is_kernel & comm_name] = "comm_kernel"
+    kind[is_kernel & where(pc.match_substring_regex(name, COMM_KERNEL_RE))] = "comm_kernel"
     kind[where(pc.is_in(cat_l, pa.array(["gpu_memcpy", "memcpy"])))] = "memcpy"
     kind[where(pc.is_in(cat_l, pa.array(["gpu_memset", "memset"])))] = "memset"
     kind[where(pc.equal(cat_l, "gpu_user_annotation"))] = "gpu_annotation"
     runtime = where(pc.is_in(cat_l, pa.array(["cuda_runtime", "cuda_driver", "runtime", "driver"])))
-    sync = where(pc.match_substring_regex(name, SYNC_RE))
     kind[runtime] = "runtime"
-    kind[(runtime & sync) | where(pc.equal(cat_l, "cuda_sync"))] = "sync"
+    kind[(runtime & where(pc.match_substring_regex(name, SYNC_RE))) | where(pc.equal(cat_l, "cuda_sync"))] = "sync"
     cpu = where(pc.is_in(cat_l, pa.array(["cpu_op", "operator", "user_annotation"])))
     kind[cpu] = "cpu_op"
     kind[where(pc.equal(cat_l, "user_annotation"))] = "annotation"
@@ -60,4 +76,4 @@ def classify(cat: pa.Array, name: pa.Array, ph: pa.Array) -> tuple[pa.Array, np.
     kind[cpu & where(pc.starts_with(name, "ProfilerStep#"))] = "step"
     kind[where(pc.equal(cat_l, "python_function"))] = "python"
     kind[where(pc.equal(ph, "i"))] = "instant"
-    return pa.array(kind, pa.string()), is_gpu
+    return kind, is_gpu
