@@ -41,6 +41,7 @@ import json
 import math
 import os
 import platform
+import re
 import resource
 import shutil
 import signal
@@ -67,6 +68,26 @@ ID_ARG_KEYS = (
     "Python id",
     "Python parent id",
 )
+
+
+_ID_KEYS_RE = b"|".join(k.encode() for k in ("id",) + ID_ARG_KEYS)
+# "key": number  (key = ts or one of the id keys)
+_NUM_FIELD_RE = re.compile(
+    rb'("(ts|' + _ID_KEYS_RE + rb')"\s*:\s*)(-?\d+(?:\.\d*)?(?:[eE][-+]?\d+)?)'
+)
+
+
+def _offset_ids_dict(d: dict, off: int) -> None:
+    if isinstance(d.get("id"), int) and not isinstance(d.get("id"), bool):
+        d["id"] = d["id"] + off
+    a = d.get("args")
+    if isinstance(a, dict):
+        a = dict(a)
+        for key in ID_ARG_KEYS:
+            x = a.get(key)
+            if isinstance(x, int) and not isinstance(x, bool):
+                a[key] = x + off
+        d["args"] = a
 
 
 # --------------------------------------------------------------------------
@@ -137,9 +158,14 @@ def generate(source: str, out_dir: Path, ranks: int, mb_per_rank: float) -> dict
     class _Doc(msgspec.Struct):
         traceEvents: list[_TsDur] = []
 
+    class _RawDoc(msgspec.Struct):
+        traceEvents: list[msgspec.Raw] = []
+
     ts_raw = [bytes(e.ts) for e in msgspec.json.decode(raw, type=_Doc).traceEvents]
+    # each event's original text (Kineto's pretty-printed layout is kept)
+    ev_raw = [bytes(r) for r in msgspec.json.decode(raw, type=_RawDoc).traceEvents]
     del raw
-    assert len(ts_raw) == len(events)
+    assert len(ts_raw) == len(events) == len(ev_raw)
 
     # ts as exact scaled integers (units of 10**-F us, F = max fraction digits seen).
     parsed = [_parse_decimal(t) for t in ts_raw]
@@ -217,39 +243,59 @@ def generate(source: str, out_dir: Path, ranks: int, mb_per_rank: float) -> dict
         dist["world_size"] = ranks
 
     enc = msgspec.json.Encoder()
-    is_meta = [e.get("ph") == "M" for e in events]
-    has_ids = []
-    for e in events:
-        a = e.get("args")
-        has_ids.append(
-            isinstance(e.get("id"), int)
-            or (isinstance(a, dict) and any(isinstance(a.get(k), int) for k in ID_ARG_KEYS))
-        )
-
-    def encode_copy(k: int) -> list[tuple[int, int | None, bytes]]:
-        """[(event index, ts, encoded bytes)] for copy k (metadata events only in copy 0)."""
-        off = k * id_stride
-        out = []
+    reencode = set()  # events whose args were rewritten above: encoded anew
+    if world_rewrites or (isinstance(w0, int) and w0 != ranks):
         for i, e in enumerate(events):
-            if k and is_meta[i]:
-                continue
-            v = ts_scaled[i]
-            d = dict(e)
+            a = e.get("args")
+            if isinstance(a, dict) and ("Group size" in a or "Process Group Ranks" in a):
+                reencode.add(i)
+    is_meta = [e.get("ph") == "M" for e in events]
+
+    def patch(i: int, k: int) -> bytes:
+        """Event i of copy k: its original text with ts shifted and ids offset."""
+        v = ts_scaled[i]
+        b = ev_raw[i]
+        if i in reencode:
+            d = dict(events[i])
             if v is not None:
                 d["ts"] = msgspec.Raw(ts_text(v + k * shift))
-            if k and has_ids[i]:
-                if isinstance(d.get("id"), int):
-                    d["id"] = d["id"] + off
-                a = d.get("args")
-                if isinstance(a, dict):
-                    a = dict(a)
-                    for key in ID_ARG_KEYS:
-                        x = a.get(key)
-                        if isinstance(x, int) and not isinstance(x, bool):
-                            a[key] = x + off
-                    d["args"] = a
-            out.append((i, v, enc.encode(d)))
+            if k:
+                _offset_ids_dict(d, k * id_stride)
+            return enc.encode(d)
+        if k == 0:
+            return b
+        off = k * id_stride
+        new_ts = ts_text(v + k * shift) if v is not None else None
+        done_ts = False
+
+        def sub(m):
+            nonlocal done_ts
+            key = m.group(2)
+            if key == b"ts":
+                if done_ts or new_ts is None or m.group(3) != ts_raw[i]:
+                    return m.group(0)
+                done_ts = True
+                return m.group(1) + new_ts
+            num = m.group(3)
+            if b"." in num or b"e" in num or b"E" in num:
+                return m.group(0)
+            return m.group(1) + str(int(num) + off).encode()
+
+        out = _NUM_FIELD_RE.sub(sub, b)
+        if new_ts is not None and not done_ts:  # unusual layout: encode anew
+            d = dict(events[i])
+            d["ts"] = msgspec.Raw(new_ts)
+            _offset_ids_dict(d, off)
+            return enc.encode(d)
         return out
+
+    def encode_copy(k: int) -> list[tuple[int, int | None, bytes]]:
+        """[(event index, ts, bytes)] for copy k (metadata events only in copy 0)."""
+        return [
+            (i, ts_scaled[i], patch(i, k))
+            for i in range(len(events))
+            if not (k and is_meta[i])
+        ]
 
     target = int(mb_per_rank * MB)
     chunks: list[bytes] = []
@@ -260,7 +306,7 @@ def generate(source: str, out_dir: Path, ranks: int, mb_per_rank: float) -> dict
     k = 0
     while total < target:
         enc_k = encode_copy(k)
-        size_k = sum(len(b) + 2 for _, _, b in enc_k)
+        size_k = sum(len(b) + 4 for _, _, b in enc_k)
         if total + size_k <= target or not enc_k:
             chunks.extend(b for _, _, b in enc_k)
             total += size_k
@@ -275,13 +321,13 @@ def generate(source: str, out_dir: Path, ranks: int, mb_per_rank: float) -> dict
             acc = 0
             cutoff = None
             for _, v, b in by_ts:
-                acc += len(b) + 2
+                acc += len(b) + 4
                 cutoff = v
                 if acc >= need:
                     break
             kept = [b for _, v, b in enc_k if v is None or v <= cutoff]
             chunks.extend(kept)
-            total += sum(len(b) + 2 for b in kept)
+            total += sum(len(b) + 4 for b in kept)
             n_events += len(kept)
             partial_fraction = len(kept) / len(enc_k)
             copies += 1
@@ -289,7 +335,7 @@ def generate(source: str, out_dir: Path, ranks: int, mb_per_rank: float) -> dict
         k += 1
         if not enc_k:
             break
-    body = b",\n".join(chunks)
+    body = b"  " + b",\n  ".join(chunks)
     del chunks
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -387,10 +433,20 @@ def decimal_text_to_ns(raws) -> "object":
     return ns
 
 
+def _proc_status_kb(field: str) -> int:
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
 def floor_parse_file(path: str) -> dict:
     import msgspec
+    import pyarrow  # noqa: F401 - imported before the baseline reading
 
     _, Trace = _floor_types()
+    rss_before_kb = _proc_status_kb("VmRSS")
     with open(path, "rb") as fh:
         buf = fh.read()
     doc = msgspec.json.decode(buf, type=Trace)
@@ -403,6 +459,8 @@ def floor_parse_file(path: str) -> dict:
         "ts_nonnull": len(ts) - ts.null_count,
         "dur_nonnull": len(dur) - dur.null_count,
         "rank": (doc.distributedInfo or {}).get("rank"),
+        "rss_before_kb": rss_before_kb,
+        "hwm_after_kb": _proc_status_kb("VmHWM"),
     }
 
 
@@ -429,7 +487,7 @@ def _report_summary(rep) -> dict:
     out = {"type": type(rep).__name__}
     try:
         r = repr(rep)
-        out["repr"] = r if len(r) <= 1500 else r[:1500] + "..."
+        out["repr"] = r if len(r) <= 600 else r[:600] + "..."
     except Exception as exc:  # noqa: BLE001
         out["repr"] = f"<repr failed: {exc}>"
     fields = {}
@@ -439,6 +497,16 @@ def _report_summary(rep) -> dict:
     for k, v in dict(src).items():
         if isinstance(v, (int, float, str, bool)) or v is None:
             fields[k] = v
+    for attr in ("n_events", "skipped"):
+        try:
+            v = getattr(rep, attr)
+            fields[attr] = v if isinstance(v, (int, float, str, bool, dict)) else repr(v)
+        except Exception:  # noqa: BLE001
+            pass
+    try:
+        fields["summary"] = rep.summary()
+    except Exception:  # noqa: BLE001
+        pass
     out["fields"] = fields
     return out
 
@@ -447,8 +515,31 @@ def _dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def _stop_forkserver() -> None:
+    """Stop (and reap) multiprocessing's forkserver, if one was started, so that the
+    peak RSS of the workers it forked reaches RUSAGE_CHILDREN of this process."""
+    try:
+        from multiprocessing import forkserver
+
+        fs = forkserver._forkserver
+        if getattr(fs, "_forkserver_pid", None):
+            fs._stop()
+    except Exception:  # noqa: BLE001 - private API; the /proc poller still sees the workers
+        pass
+
+
+def _source_digest(pkg_dir: Path) -> str:
+    h = hashlib.sha1()
+    for f in sorted(pkg_dir.rglob("*.py")):
+        h.update(str(f.relative_to(pkg_dir)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
 def phase_ours(files: list[str], workers: int, workdir: Path) -> dict:
     import traceanalyzer
+
+    pkg_dir = Path(traceanalyzer.__file__).resolve().parent
+    digest = _source_digest(pkg_dir)
 
     store = workdir / f"store-ours-{os.getpid()}"
     if store.exists():
@@ -456,7 +547,10 @@ def phase_ours(files: list[str], workers: int, workdir: Path) -> dict:
     t0 = time.perf_counter()
     rep = traceanalyzer.ingest(files, str(store), run="bench", workers=workers, progress=False)
     t1 = time.perf_counter()
+    _stop_forkserver()
     info = {
+        "package_dir": str(pkg_dir),
+        "source_digest": digest,
         "report": _report_summary(rep),
         "store_bytes": _dir_bytes(store) if store.exists() else None,
         "store_files": sum(1 for p in store.rglob("*") if p.is_file()) if store.exists() else None,
@@ -636,8 +730,20 @@ def run_phase(python: str, name: str, spec: dict, log_path: Path, limit_gb: floa
 # --------------------------------------------------------------------------
 # driver
 # --------------------------------------------------------------------------
+def git_state() -> dict:
+    try:
+        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "traceanalyzer"],
+                               capture_output=True, text=True).stdout.strip()
+        return {"head": head, "traceanalyzer_dirty": bool(dirty)}
+    except OSError:
+        return {}
+
+
 def machine_info() -> dict:
     info = {
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
         "cores": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),
@@ -654,18 +760,6 @@ def machine_info() -> dict:
                     break
     except OSError:
         pass
-    try:
-        info["git_head"] = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(REPO), "status", "--porcelain", "--", "traceanalyzer"],
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-        info["traceanalyzer_dirty"] = bool(dirty)
-    except OSError:
-        pass
     return info
 
 
@@ -674,7 +768,7 @@ def _ensure_input(args, workdir: Path) -> dict:
         "source": os.path.abspath(args.source),
         "ranks": args.ranks,
         "mb_per_rank": args.mb_per_rank,
-        "v": 2,
+        "v": 3,
     }
     key = hashlib.sha1(json.dumps(params, sort_keys=True).encode()).hexdigest()[:12]
     in_dir = workdir / f"input-{key}"
@@ -761,6 +855,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hta-python", default=DEFAULT_HTA_PYTHON, help="python of the HTA venv (setup_hta_venv.sh)")
     p.add_argument("--hta-ranks", type=int, default=None, help="give HTA only the first K rank files (memory); default all")
     p.add_argument("--hta-mem-limit-gb", type=float, default=16.0, help="kill HTA if its process tree's RSS exceeds this")
+    p.add_argument("--mem-limit-gb", type=float, default=20.0, help="kill ours/floor if its process tree's RSS exceeds this")
     p.add_argument("--skip", action="append", default=[], choices=["floor", "ours", "hta"], help="skip a contender")
     p.add_argument("--json-out", default=None, help="write all measurements as JSON here")
     p.add_argument("--markdown-out", default=None, help="write a Markdown results section here")
@@ -771,10 +866,12 @@ def main(argv: list[str] | None = None) -> int:
     repeat = args.repeat or (3 if args.quick else 1)
 
     started = _dt.datetime.now().astimezone()
+    loadavg_start = [round(x, 2) for x in os.getloadavg()]
+    git_start = git_state()
     own_tmp = args.workdir is None
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="ta-ingest-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    command = " ".join([Path(sys.executable).name if False else sys.executable, *map(str, [Path(sys.argv[0])]), *argv])
+    command = " ".join([sys.executable, sys.argv[0], *argv])
 
     try:
         man = _ensure_input(args, workdir)
@@ -795,9 +892,12 @@ def main(argv: list[str] | None = None) -> int:
             runs = []
             for i in range(repeat):
                 r = run_phase(sys.executable, "floor", {"files": files, "workers": args.workers, "workdir": str(workdir)},
-                              workdir / f"floor-{i}.log", None)
+                              workdir / f"floor-{i}.log", args.mem_limit_gb)
                 runs.append(r)
-                print(f"floor run {i + 1}: {r.get('seconds', float('nan')):.2f} s", flush=True)
+                if r.get("ok"):
+                    print(f"floor run {i + 1}: {r['seconds']:.2f} s", flush=True)
+                else:
+                    print(f"floor run {i + 1} FAILED: {r['error']}\n{r['log_tail']}", flush=True)
             results["floor"] = _best(runs)
             results["floor"]["input_events"] = in_events
             results["floor"]["input_bytes"] = in_bytes
@@ -807,7 +907,7 @@ def main(argv: list[str] | None = None) -> int:
             runs = []
             for i in range(repeat):
                 r = run_phase(sys.executable, "ours", {"files": files, "workers": args.workers, "workdir": str(workdir)},
-                              workdir / f"ours-{i}.log", None)
+                              workdir / f"ours-{i}.log", args.mem_limit_gb)
                 runs.append(r)
                 if r.get("ok"):
                     print(f"ours run {i + 1}: {r['seconds']:.2f} s", flush=True)
@@ -853,6 +953,9 @@ def main(argv: list[str] | None = None) -> int:
             "started": started.isoformat(timespec="seconds"),
             "finished": finished.isoformat(timespec="seconds"),
             "machine": machine_info(),
+            "loadavg_start": loadavg_start,
+            "git_start": git_start,
+            "git_end": git_state(),
             "workers": args.workers,
             "repeat": repeat,
             "input": {k: v for k, v in man.items() if k != "files"}
@@ -906,16 +1009,23 @@ def render_markdown(payload: dict) -> str:
     inp = payload["input"]
     s = payload["summary"]
     res = payload["results"]
+    la0 = payload.get("loadavg_start")
+    la1 = m.get("loadavg")
     lines = [
         f"- command: `{payload['command']}`",
         f"- date: {payload['started']} .. {payload['finished']}",
         f"- machine: {m.get('cores')} cores ({m.get('cpu', '?')}), {m.get('mem_total_gib', '?')} GiB RAM, "
-        f"{m.get('platform')}, Python {m.get('python')}",
+        f"{m.get('platform')}, Python {m.get('python')}; load average (1/5/15 min) {la0} at start, {la1} at end",
     ]
     if "ours" in res and res["ours"].get("versions"):
         v = res["ours"]["versions"]
+        def _g(g):
+            return f"{g.get('head')}{' + uncommitted changes in traceanalyzer/' if g.get('traceanalyzer_dirty') else ''}"
+        gs, ge = payload.get("git_start", {}), payload.get("git_end", {})
+        git_txt = f"git {_g(gs)}" if gs == ge else f"git {_g(gs)} at start, {_g(ge)} at end"
+        dig = res["ours"].get("extra", {}).get("source_digest")
         lines.append("- ours: " + ", ".join(f"{k} {v[k]}" for k in v)
-                     + f" (git {m.get('git_head')}{' + uncommitted changes in traceanalyzer/' if m.get('traceanalyzer_dirty') else ''})")
+                     + f" ({git_txt}; sha1 of traceanalyzer/**/*.py as imported: {dig})")
     if "floor" in res and res["floor"].get("versions"):
         v = res["floor"]["versions"]
         lines.append("- floor: " + ", ".join(f"{k} {v[k]}" for k in v))

@@ -27,6 +27,11 @@ pandas<3
 CONS
 
 # PIP_CONSTRAINT replaces any constraint file from the global pip config; ours is stricter.
-PIP_CONSTRAINT="$CONSTRAINTS" "$VENV/bin/pip" install --quiet \
-    "holistictraceanalysis==0.5.0" "pandas<3" psutil
+LOG="$VENV/pip-install.log"
+echo "installing holistictraceanalysis==0.5.0 (about 100 packages) into $VENV; log: $LOG"
+if ! PIP_CONSTRAINT="$CONSTRAINTS" "$VENV/bin/pip" install \
+    "holistictraceanalysis==0.5.0" "pandas<3" >"$LOG" 2>&1; then
+    tail -n 30 "$LOG" >&2
+    exit 1
+fi
 "$VENV/bin/python" -c "import importlib.metadata as m; print('holistictraceanalysis', m.version('holistictraceanalysis'), 'pandas', m.version('pandas'))"

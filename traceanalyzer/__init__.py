@@ -11,7 +11,18 @@ __version__ = "0.1.0"
 
 from .errors import StoreError, TraceAnalyzerError, TraceInputError  # noqa: E402
 from .ingest import IngestReport, ingest  # noqa: E402
-from .store import open_store as open  # noqa: E402,A001
-from .info import info  # noqa: E402
+
+
+def open(store):  # noqa: A001 - the natural name: ta.open(store)
+    """A DuckDB connection with one view per canonical table over ``store``."""
+    from .store import open_store
+    return open_store(store)
+
+
+def info(store):
+    """One row per (run, rank) of ``store``: windows, steps, events, kernels, collectives, span."""
+    from .info import info as _info
+    return _info(store)
+
 
 __all__ = ["ingest", "open", "info", "IngestReport", "TraceAnalyzerError", "TraceInputError", "StoreError", "__version__"]

@@ -136,6 +136,13 @@ def _parse_one(path: str, rank_arg: int | None, staging: str) -> tuple:
         return ("error", path, f"internal error while parsing ({type(exc).__name__}: {exc})", traceback.format_exc())
 
 
+def _worker_init() -> None:
+    """Workers use the system allocator: mimalloc (Arrow's default) keeps freed pages, which
+    counts against the per-worker memory budget."""
+    import pyarrow as pa
+    pa.set_memory_pool(pa.system_memory_pool())
+
+
 def default_run_name(paths: list[Path]) -> str:
     first = paths[0]
     name = first.parent.name if first.is_file() else first.name
@@ -189,7 +196,8 @@ def _parse_all(files: list[Path], rank: int | None, staging: Path, workers: int 
     else:
         ctx = mp.get_context("forkserver")
         ctx.set_forkserver_preload(["traceanalyzer.ingest", "traceanalyzer.comms", "traceanalyzer.kineto.build"])
-        with ProcessPoolExecutor(n_workers, mp_context=ctx, max_tasks_per_child=1) as pool:
+        with ProcessPoolExecutor(n_workers, mp_context=ctx, max_tasks_per_child=1,
+                                 initializer=_worker_init) as pool:
             futures = {pool.submit(_parse_one, str(f), rank, str(staging)): f for f in files}
             for fut in as_completed(futures):
                 try:

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import duckdb
 import pyarrow as pa
 
 from . import __version__
@@ -163,8 +162,9 @@ def _sql_list(paths: list[str]) -> str:
     return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
 
 
-def open_store(store: str | os.PathLike, read_only_db: str | None = None) -> duckdb.DuckDBPyConnection:
+def open_store(store: str | os.PathLike, read_only_db: str | None = None):
     """A DuckDB connection with one view per canonical table (plus ``runs``) over the store."""
+    import duckdb  # imported here: ingest workers never need it
     store = Path(store)
     if not (store / MANIFEST).exists():
         raise StoreError(f"{store}: no traceanalyzer store here (missing {MANIFEST}); create one with "

@@ -88,8 +88,10 @@ def _concat(raws: list) -> tuple[bytes, np.ndarray]:
 
 
 def _raw_column(raws: list) -> pa.Array:
-    """A string array of raw JSON slices."""
+    """A string array of raw JSON slices (zero-copy over the joined bytes)."""
     buf, offsets = _concat(raws)
+    if offsets[-1] < 2**31:
+        return pa.StringArray.from_buffers(len(raws), pa.py_buffer(offsets.astype(np.int32)), pa.py_buffer(buf))
     return pa.LargeStringArray.from_buffers(len(raws), pa.py_buffer(offsets), pa.py_buffer(buf)).cast(pa.string())
 
 
@@ -118,11 +120,13 @@ def build_tables(trace: RawTrace, rank_arg: int | None = None) -> RankTables:
     rank, rank_source = resolve_rank(trace, rank_arg)
     skipped = trace.skipped
     base_ns = _int_or_none(trace.meta.get("baseTimeNanoseconds")) or 0
-    ev_parts: dict[str, list] = {k: [] for k in ("ph", "cat", "name", "pid", "tid", "ts", "dur", "args",
-                                                 "ext", "corr", "stream", "device")}
+    batches: list[pa.Table] = []
     flows: dict[str, list] = {k: [] for k in ("flow_id", "cat", "ph", "ts", "pid", "tid")}
     meta_events: list[Event] = []
+    first_id = 0
 
+    # One chunk of typed events at a time becomes one slice of the events table, so that
+    # memory holds the file's bytes, the finished columns and one chunk -- never all structs.
     for chunk in trace.chunks():
         xs, fl = [], []
         for e in chunk:
@@ -135,38 +139,39 @@ def build_tables(trace: RawTrace, rank_arg: int | None = None) -> RankTables:
                 meta_events.append(e)
             else:
                 skipped[f"unsupported_phase_{ph or 'missing'}"] += 1
-        ev_parts["ph"].append(pa.array([e.ph for e in xs], pa.string()))
-        ev_parts["cat"].append(_str_column([e.cat for e in xs]))
-        ev_parts["name"].append(_str_column([e.name for e in xs]))
-        ev_parts["pid"].append(_int_column([e.pid for e in xs]))
-        ev_parts["tid"].append(_int_column([e.tid for e in xs]))
-        ev_parts["ts"].append(us_text_to_ns_checked(trace, [e.ts for e in xs]))
-        ev_parts["dur"].append(us_text_to_ns_checked(trace, [e.dur for e in xs]))
+        del chunk
         args = [e.args for e in xs]
-        ev_parts["args"].append(_raw_column(args))
         ids = _decode_ids(args)
-        ev_parts["ext"].append(_int_column([i.external_id for i in ids]))
-        ev_parts["corr"].append(_int_column([i.correlation for i in ids]))
-        ev_parts["stream"].append(_int_column([i.stream for i in ids]))
-        ev_parts["device"].append(_int_column([i.device for i in ids]))
+        cols = {
+            "ph": pa.array([e.ph for e in xs], pa.string()),
+            "cat": _str_column([e.cat for e in xs]), "name": _str_column([e.name for e in xs]),
+            "pid": _int_column([e.pid for e in xs]), "tid": _int_column([e.tid for e in xs]),
+            "ts": us_text_to_ns_checked(trace, [e.ts for e in xs]),
+            "dur": us_text_to_ns_checked(trace, [e.dur for e in xs]),
+            "args": _raw_column(args),
+            "ext": _int_column([i.external_id for i in ids]), "corr": _int_column([i.correlation for i in ids]),
+            "stream": _int_column([i.stream for i in ids]), "device": _int_column([i.device for i in ids]),
+        }
+        del args, ids
+        batches.append(_events_table(cols, base_ns, skipped, first_id))
+        first_id += len(xs)
         flows["flow_id"] += [_id(e.id) for e in fl]
         flows["cat"] += [str(e.cat) for e in fl]
         flows["ph"] += [e.ph for e in fl]
         flows["ts"].append(us_text_to_ns_checked(trace, [e.ts for e in fl]))
         flows["pid"] += [_id(e.pid) for e in fl]
         flows["tid"] += [_id(e.tid) for e in fl]
-        del chunk, xs, fl, args, ids
+        del xs, fl, cols
 
-    trace.events_raw = []  # release the file's bytes before building the tables
-    cols = {k: pa.chunked_array(v, type=v[0].type).combine_chunks() if v else pa.array([]) for k, v in ev_parts.items()}
-    del ev_parts
-    events = _events_table(cols, base_ns, skipped)
+    trace.events_raw = []  # release the file's bytes
+    events = pa.concat_tables(batches) if batches else None
+    del batches
+    if events is None or events.num_rows == 0:
+        raise TraceInputError(trace.path, "the trace has no complete events (only metadata or flows)")
     steps = _steps_table(events)
     events = events.set_column(events.schema.get_field_index("step"), "step", _assign_steps(events, steps))
-    if events.num_rows == 0:
-        raise TraceInputError(trace.path, "the trace has no complete events (only metadata or flows)")
     threads = _threads_table(meta_events, events)
-    flows_t = _flows_table(flows, base_ns)
+    flows_t = _flows_table(flows, base_ns, skipped)
     pgs = _process_groups_table(trace.meta.get("distributedInfo"))
     start = int(pc.min(events["ts_ns"]).as_py())
     end = int(pc.max(pc.add(events["ts_ns"], events["dur_ns"])).as_py())
@@ -210,7 +215,7 @@ def _decode_ids(args: list) -> list:
         return out
 
 
-def _events_table(cols: dict[str, pa.Array], base_ns: int, skipped: Counter) -> pa.Table:
+def _events_table(cols: dict[str, pa.Array], base_ns: int, skipped: Counter, first_id: int) -> pa.Table:
     ts = cols["ts"]
     dur = cols["dur"]
     n = len(ts)
@@ -233,7 +238,7 @@ def _events_table(cols: dict[str, pa.Array], base_ns: int, skipped: Counter) -> 
     device = pc.if_else(is_gpu_a, pc.coalesce(cols["device"], cols["pid"]), pa.scalar(None, pa.int64()))
     stream = pc.if_else(is_gpu_a, pc.coalesce(cols["stream"], cols["tid"]), pa.scalar(None, pa.int64()))
     table = pa.table({
-        "event_id": pa.array(np.arange(n, dtype=np.int64)),
+        "event_id": pa.array(np.arange(first_id, first_id + n, dtype=np.int64)),
         "ph": cols["ph"], "cat": cols["cat"], "kind": kind, "name": cols["name"],
         "ts_ns": pc.add(ts, base_ns), "dur_ns": pa.array(dur_np), "pid": cols["pid"], "tid": cols["tid"],
         "is_gpu": is_gpu_a, "device": device.cast(pa.int32()), "stream": stream,
@@ -332,14 +337,18 @@ def _args(e: Event) -> dict | None:
     return value if isinstance(value, dict) else None
 
 
-def _flows_table(flows: dict[str, list], base_ns: int) -> pa.Table:
+def _flows_table(flows: dict[str, list], base_ns: int, skipped: Counter) -> pa.Table:
     ts = pa.chunked_array(flows["ts"], pa.int64()).combine_chunks() if flows["ts"] else pa.array([], pa.int64())
     t = pa.table({
         "flow_id": pa.array(flows["flow_id"], pa.int64()), "cat": pa.array(flows["cat"], pa.string()),
         "ph": pa.array(flows["ph"], pa.string()), "ts_ns": pc.add(ts, base_ns),
         "pid": pa.array(flows["pid"], pa.int64()), "tid": pa.array(flows["tid"], pa.int64()),
     }, schema=S.FLOWS.arrow_schema)
-    return t.filter(pc.is_valid(t["ts_ns"]))
+    missing = t.num_rows - pc.count(t["ts_ns"]).as_py()
+    if missing:
+        skipped["flow_missing_timestamp"] += missing
+        t = t.filter(pc.is_valid(t["ts_ns"]))
+    return t
 
 
 def _process_groups_table(info: Any) -> pa.Table:
@@ -380,16 +389,17 @@ def _rank_row(trace: RawTrace, rank_source: str, base_ns: int, meta_events: list
               start: int, end: int, skipped: Counter) -> pa.Table:
     meta = trace.meta
     info = meta.get("distributedInfo") if isinstance(meta.get("distributedInfo"), dict) else {}
-    cpu = events.filter(pc.invert(events["is_gpu"]))
+    is_gpu = events["is_gpu"]
     pids = [_id(e.pid) for e in meta_events if e.name == "process_name" and _id(e.pid) is not None and _id(e.pid) >= 0]
-    if not pids and cpu.num_rows:
-        pids = [pc.mode(cpu["pid"])[0]["mode"].as_py()]
+    if not pids:
+        cpu_pids = pc.drop_null(pc.filter(events["pid"], pc.invert(is_gpu)))
+        if len(cpu_pids):
+            pids = [pc.mode(cpu_pids)[0]["mode"].as_py()]
     props = meta.get("deviceProperties") or []
-    gpu = events.filter(events["is_gpu"])
     device = "cpu"
-    if gpu.num_rows:
-        dev_id = pc.mode(pc.drop_null(gpu["device"]))
-        dev_id = dev_id[0]["mode"].as_py() if len(dev_id) else 0
+    gpu_devices = pc.drop_null(pc.filter(events["device"], is_gpu))
+    if pc.any(is_gpu).as_py():
+        dev_id = pc.mode(gpu_devices)[0]["mode"].as_py() if len(gpu_devices) else 0
         names = {p.get("id"): p.get("name") for p in props if isinstance(p, dict)}
         device = str(names.get(dev_id) or (next(iter(names.values())) if names else "gpu"))
     other = {k: v for k, v in meta.items() if k not in ("distributedInfo",)}

@@ -19,7 +19,7 @@ import msgspec
 from ..errors import TraceInputError
 
 #: Events decoded per chunk: large enough to amortise call overhead, small enough to bound memory.
-CHUNK_EVENTS = 50_000
+CHUNK_EVENTS = 10_000
 
 _EMPTY = msgspec.Raw(b"")
 
