@@ -21,7 +21,7 @@ def open(store):  # noqa: A001 - the natural name: ta.open(store)
 
 def info(store):
     """One row per (run, rank) of ``store``: windows, steps, events, kernels, collectives, span."""
-    from .info import info as _info
+    from .summary import info as _info
     return _info(store)
 
 

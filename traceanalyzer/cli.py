@@ -23,7 +23,7 @@ def _cmd_ingest(args) -> int:
 
 
 def _cmd_info(args) -> int:
-    from .info import format_info, info
+    from .summary import format_info, info
     df = info(args.store)
     if args.json:
         print(df.to_json(orient="records", indent=1))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import tempfile
 from pathlib import Path
 
-from .info import format_info, info
+from .summary import format_info, info
 from .ingest import ingest
 from .store import open_store
 
