@@ -18,6 +18,7 @@ The autograd ``Sequence number`` arg is never used: it numbers autograd nodes, n
 """
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from collections import defaultdict, deque
@@ -226,11 +227,14 @@ class _Context:
         carrying an anchor's external id."""
         outer = anchors[-1]
         lo, hi = outer["ts_ns"], outer["ts_ns"] + outer["dur_ns"]
-        for ts, corr in self.launch_by_tid.get(outer["tid"], ()):
-            if lo <= ts <= hi:
-                k = self.kernel_by_corr[corr]
-                if k["event_id"] not in self.claimed_kernels:
-                    return k
+        launches = self.launch_by_tid.get(outer["tid"], [])
+        for i in range(bisect.bisect_left(launches, (lo, -1)), len(launches)):
+            ts, corr = launches[i]
+            if ts > hi:
+                break
+            k = self.kernel_by_corr[corr]
+            if k["event_id"] not in self.claimed_kernels:
+                return k
         for a in anchors:
             for k in self.kernel_by_ext.get(a["external_id"], ()):
                 if k["event_id"] not in self.claimed_kernels:

@@ -291,10 +291,14 @@ def _assign_steps(events: pa.Table, steps: pa.Table) -> pa.Array:
         for key in ("correlation", "external_id"):
             keys = pc.fill_null(events[key], -1).to_numpy()
             have = cpu & (out >= 0) & (keys >= 0)
-            lookup = dict(zip(keys[have].tolist(), out[have].tolist()))
+            if not have.any():
+                continue
+            order = np.argsort(keys[have], kind="stable")
+            known_keys, known_steps = keys[have][order], out[have][order]
             todo = np.nonzero(is_gpu & (out < 0) & (keys >= 0))[0]
-            for i in todo:
-                out[i] = lookup.get(int(keys[i]), -1)
+            pos = np.clip(np.searchsorted(known_keys, keys[todo]), 0, len(known_keys) - 1)
+            hit = known_keys[pos] == keys[todo]
+            out[todo[hit]] = known_steps[pos[hit]]
     return pa.array(out, mask=out < 0).cast(pa.int32())
 
 
