@@ -1,0 +1,135 @@
+-- Stragglers: who made the others wait, where, how much, and how often.
+--
+-- Cost, not count: for every collective, its last arriver imposes on each other member the wait
+-- (last arrival - that member's arrival). Per rank and step we add up the waits it imposed and
+-- divide by its number of peers: the time the average peer lost waiting for it, which is what the
+-- step lost (see ../shared/METRICS.md, "Stragglers").
+-- Blame goes to the rank that was slow, not to the one that merely arrived last: a rank that left
+-- the group's previous collective late (ring completion order, a late start) arrives late without
+-- being slower. So a peer's wait is charged only up to the last arriver's own excess: its gap since
+-- its previous collective of the group minus the median gap of its peers (collectives.sql); the
+-- first collective of a group in the window, with no previous one, is charged in full. 'Where' is the phase of the step in which the rank
+-- was slower than its peers: the phase with the largest excess over the median of the other ranks
+-- of the same step (phases.sql).
+--
+-- Parameters (DuckDB variables set by traceanalyzer.analyses.stragglers):
+--   straggler_min_delay_pct  a rank is a finding when it costs at least this % of the median step
+--                            time per step (median over the steps of the window) (default 10: the OSDI'25
+--                            what-if study calls a job straggling at a slowdown of 1.1)
+--   straggler_min_delay_ns   ... and at least this many ns per step (default 1e6 = 1 ms)
+--   straggler_min_excess_pct ... and was slower on its own: its median excess over its peers in
+--                            one phase is at least this % of the median step time (default 10)
+--   straggler_persistent_pct flagged in at least this % of steps -> 'persistent', else 'sporadic'
+--                            (default 50)
+
+-- Per rank and step: the delay it imposed on its peers.
+-- Columns: run, rank, step, n_collectives (where it arrived last), imposed_wait_ns (sum over
+-- peers of the wall time each waited for it, concurrent waits counted once), delay_ns (imposed
+-- wait / number of its peers: what the average peer lost), step_ns (median step time of the run's
+-- ranks in that step), delay_pct.
+CREATE OR REPLACE TEMP VIEW straggler_steps AS
+WITH excess AS (
+    -- the last arriver's own excess time since the group's previous collective
+    SELECT l.run, l.pg, l.seq, l.gap_ns - median(p.gap_ns) AS excess_ns
+    FROM collective_instances i
+    JOIN collective_ranks l ON l.run = i.run AND l.pg = i.pg AND l.seq = i.seq AND l.rank = i.last_arriver
+    JOIN collective_ranks p ON p.run = i.run AND p.pg = i.pg AND p.seq = i.seq AND p.rank <> i.last_arriver
+    GROUP BY l.run, l.pg, l.seq, l.gap_ns
+),
+waits AS (
+    -- every peer's wait charged to the last arriver, as an interval on the peer's (aligned) clock
+    SELECT r.run, i.step, i.last_arriver AS rank, r.rank AS peer,
+           r.last_arrival_ns - least(r.wait_ns, greatest(coalesce(x.excess_ns, r.wait_ns), 0)) AS lo,
+           r.last_arrival_ns AS hi
+    FROM collective_ranks r JOIN collective_instances i USING (run, pg, seq)
+    LEFT JOIN excess x USING (run, pg, seq)
+    WHERE i.n_ranks > 1 AND i.step IS NOT NULL AND r.rank <> i.last_arriver AND r.wait_ns > 0
+),
+islands AS (
+    -- concurrent collectives (DDP buckets, several groups) wait at the same time: merge each
+    -- peer's waits for one straggler so that the same wall time is counted once
+    SELECT *, sum(new_island) OVER (PARTITION BY run, step, rank, peer ORDER BY lo, hi) AS island
+    FROM (SELECT *, CASE WHEN lo <= max(hi) OVER (PARTITION BY run, step, rank, peer ORDER BY lo, hi
+                                                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+                         THEN 0 ELSE 1 END AS new_island
+          FROM waits)
+),
+per_peer AS (
+    SELECT run, step, rank, peer, sum(hi - lo) AS wait_ns
+    FROM (SELECT run, step, rank, peer, island, min(lo) AS lo, max(hi) AS hi, count(*) AS n
+          FROM islands GROUP BY ALL) GROUP BY ALL
+),
+imposed AS (
+    SELECT p.run, p.rank, p.step, sum(p.wait_ns) AS imposed_wait_ns,
+           sum(p.wait_ns) / greatest(any_value(g.n_peers), 1) AS delay_ns
+    FROM per_peer p JOIN (SELECT run, rank, count(DISTINCT peer) AS n_peers
+                          FROM (SELECT r.run, r.rank, q.rank AS peer FROM collective_ranks r
+                                JOIN collective_ranks q USING (run, pg, seq) WHERE q.rank <> r.rank)
+                          GROUP BY ALL) g USING (run, rank)
+    GROUP BY ALL
+),
+arrived_last AS (
+    SELECT run, last_arriver AS rank, step, count(*) AS n_collectives
+    FROM collective_instances WHERE n_ranks > 1 AND step IS NOT NULL GROUP BY ALL
+),
+step_time AS (SELECT run, step, median(step_ns) AS step_ns FROM step_phases GROUP BY ALL),
+all_rank_steps AS (SELECT DISTINCT run, rank, step FROM step_phases)
+SELECT a.run, a.rank, a.step, coalesce(l.n_collectives, 0) AS n_collectives,
+       coalesce(i.imposed_wait_ns, 0) AS imposed_wait_ns, coalesce(i.delay_ns, 0) AS delay_ns,
+       t.step_ns, 100.0 * coalesce(i.delay_ns, 0) / nullif(t.step_ns, 0) AS delay_pct
+FROM all_rank_steps a JOIN step_time t USING (run, step)
+LEFT JOIN imposed i USING (run, rank, step)
+LEFT JOIN arrived_last l USING (run, rank, step);
+
+-- Per rank and step: its own time per phase (phases.sql; not the sync wait) in excess of the median
+-- of the other ranks. Columns: run, rank, step, phase, ns, others_ns, excess_ns.
+CREATE OR REPLACE TEMP VIEW phase_excess AS
+WITH own AS (
+    -- the rank's own time per phase (sync, the wait for the last collectives, is left out)
+    SELECT run, rank, step, forward_ns AS forward, backward_ns AS backward, optimizer_ns AS optimizer,
+           data_loading_ns AS data_loading
+    FROM step_phases
+),
+long AS (UNPIVOT own ON forward, backward, optimizer, data_loading INTO NAME phase VALUE ns),
+others AS (
+    SELECT a.run, a.rank, a.step, a.phase, a.ns, median(b.ns) AS others_ns
+    FROM long a JOIN long b ON a.run = b.run AND a.step = b.step AND a.phase = b.phase AND a.rank <> b.rank
+    GROUP BY ALL
+)
+SELECT run, rank, step, phase, ns, others_ns, ns - others_ns AS excess_ns FROM others;
+
+-- The findings: one row per rank that cost its peers time *and* was slower on its own, ranked by
+-- cost. Medians over the steps of the window keep one-off events (the profiler exporting the trace
+-- during the last step of a window, a descheduled thread) from making a finding.
+-- Columns: run, rank, delay_ns_per_step (median over steps), delay_pct (of the median step time),
+-- imposed_wait_ns_per_step, steps, steps_flagged, pattern (persistent/sporadic), phase (where it
+-- was slower than its peers), phase_excess_ns_per_step (median excess in that phase), rank_order
+-- (1 = costliest).
+CREATE OR REPLACE TEMP VIEW straggler_candidates AS
+WITH per_rank AS (
+    SELECT run, rank, median(delay_ns) AS delay_ns_per_step, median(imposed_wait_ns) AS imposed_wait_ns_per_step,
+           100.0 * median(delay_ns) / nullif(median(step_ns), 0) AS delay_pct, median(step_ns) AS step_ns,
+           count(*) AS steps,
+           count(*) FILTER (WHERE delay_pct >= getvariable('straggler_min_delay_pct')
+                                  AND delay_ns >= getvariable('straggler_min_delay_ns')) AS steps_flagged
+    FROM straggler_steps GROUP BY ALL
+),
+where_slow AS (
+    SELECT run, rank, arg_max(phase, excess) AS phase, max(excess) AS phase_excess_ns_per_step
+    FROM (SELECT run, rank, phase, median(excess_ns) AS excess FROM phase_excess GROUP BY ALL)
+    GROUP BY ALL
+)
+SELECT p.run, p.rank, p.delay_ns_per_step, p.delay_pct, p.imposed_wait_ns_per_step, p.steps, p.steps_flagged,
+       CASE WHEN 100.0 * p.steps_flagged / p.steps >= getvariable('straggler_persistent_pct') THEN 'persistent'
+            ELSE 'sporadic' END AS pattern,
+       w.phase, w.phase_excess_ns_per_step,
+       100.0 * w.phase_excess_ns_per_step / nullif(p.step_ns, 0) AS phase_excess_pct
+FROM per_rank p LEFT JOIN where_slow w USING (run, rank);
+
+CREATE OR REPLACE TEMP VIEW straggler_findings AS
+SELECT * EXCLUDE (phase_excess_pct),
+       row_number() OVER (PARTITION BY run ORDER BY delay_ns_per_step DESC) AS rank_order
+FROM straggler_candidates
+WHERE delay_pct >= getvariable('straggler_min_delay_pct')
+  AND delay_ns_per_step >= getvariable('straggler_min_delay_ns')
+  AND coalesce(phase_excess_pct, 0) >= getvariable('straggler_min_excess_pct');
