@@ -52,6 +52,30 @@ def _cmd_sql(args) -> int:
     return 0
 
 
+def _cmd_analyze(args) -> int:
+    from .analyses.results import analyze, format_text, to_json
+    params = _parse_params(args.set or [])
+    only = [x.strip() for x in args.only.split(",")] if args.only else None
+    results = analyze(args.store, run=args.run, only=only, save_results=not args.no_save, **params)
+    print(to_json(results, params) if args.json else format_text(results, params))
+    return 0
+
+
+def _parse_params(items: list[str]) -> dict:
+    from .analyses import PARAMETERS
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or key not in PARAMETERS:
+            raise TraceAnalyzerError(f"--set {item}: expected NAME=VALUE with NAME one of {', '.join(PARAMETERS)}")
+        default = PARAMETERS[key][0]
+        try:
+            out[key] = type(default)(value)
+        except ValueError:
+            raise TraceAnalyzerError(f"--set {item}: {key} takes a {type(default).__name__}") from None
+    return out
+
+
 def _cmd_schema(args) -> int:
     from .schema import describe
     print(describe())
@@ -91,6 +115,17 @@ def build_parser() -> argparse.ArgumentParser:
     fmt.add_argument("--json", action="store_true")
     s.add_argument("--max-rows", type=int, default=200)
     s.set_defaults(func=_cmd_sql)
+
+    s = sub.add_parser("analyze", help="run the analyses (stragglers, overlap, imbalance, breakdowns, ...) and save them in the store")
+    s.add_argument("store")
+    s.add_argument("--run", help="only this run (default: every run)")
+    s.add_argument("--only", help="comma-separated analyses (default: all): " + ", ".join(
+        ["clock_offsets", "collectives", "stragglers", "phases", "overlap", "exposed_comm", "temporal_breakdown",
+         "kernel_breakdown", "imbalance", "all_to_all_balance", "seqlen_signal"]))
+    s.add_argument("--set", action="append", metavar="NAME=VALUE", help="analysis parameter (repeatable); see `traceanalyzer analyze --help-params`")
+    s.add_argument("--json", action="store_true", help="print one JSON document (keys from the schema, with versions)")
+    s.add_argument("--no-save", action="store_true", help="do not save the results in the store")
+    s.set_defaults(func=_cmd_analyze)
 
     s = sub.add_parser("schema", help="print every table and column of the store schema")
     s.set_defaults(func=_cmd_schema)

@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 #: SQL modules in dependency order.
-MODULES = ("clock_offsets", "collectives", "phases", "stragglers")
+MODULES = ("clock_offsets", "collectives", "phases", "stragglers", "activity", "overlap", "breakdown", "imbalance")
 
 #: Named parameters of the SQL modules: name -> (default, meaning). Units are in the names.
 PARAMETERS: dict[str, tuple[Any, str]] = {
@@ -27,6 +27,11 @@ PARAMETERS: dict[str, tuple[Any, str]] = {
     "straggler_min_delay_ns": (1_000_000, "... and at least this many ns per step"),
     "straggler_min_excess_pct": (10.0, "... and was slower on its own: median excess in one phase >= this % of the step time"),
     "straggler_persistent_pct": (50.0, "flagged in at least this % of steps: 'persistent', else 'sporadic'"),
+    "imbalance_min_ratio": (1.1, "a rank is imbalanced when its compute is at least this times the mean of the ranks"),
+    "imbalance_min_excess_pct": (5.0, "... and its excess over the mean is at least this % of the median step time"),
+    "seqlen_min_corr": (0.9, "forward/backward correlation across steps that signals sequence-length imbalance"),
+    "exposed_top": (20, "exposed-communication intervals kept per run by analyze"),
+    "kernels_top": (10, "kernels/operators kept per rank and category by analyze"),
 }
 
 
@@ -91,3 +96,48 @@ def straggler_steps(store_or_con, run: str | None = None, **params) -> pd.DataFr
 def straggler_candidates(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Every rank's cost and excess, thresholds not applied (what stragglers() filters)."""
     return _query(store_or_con, "SELECT * FROM straggler_candidates{where} ORDER BY run, rank", run, params)
+
+
+def overlap(store_or_con, run: str | None = None, per: str = "rank", **params) -> pd.DataFrame:
+    """Communication/computation overlap (HTA's definition), per 'rank' or per 'step'."""
+    view = {"rank": "overlap_ranks", "step": "overlap_steps"}[per]
+    order = "run, rank" + (", step" if per == "step" else "")
+    return _query(store_or_con, f"SELECT * FROM {view}{{where}} ORDER BY {order}", run, params)
+
+
+def exposed_comm(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
+    """Exposed communication intervals (no compute at the same time), largest first."""
+    return _query(store_or_con, "SELECT * FROM exposed_comm{where} ORDER BY run, rank_order", run, params)
+
+
+def temporal_breakdown(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
+    """Compute / communication / memory / idle time per rank and step, over merged intervals."""
+    return _query(store_or_con, "SELECT * FROM temporal_breakdown{where} ORDER BY run, rank, step", run, params)
+
+
+def kernel_breakdown(store_or_con, run: str | None = None, top: int = 10, **params) -> pd.DataFrame:
+    """The top kernels (GPU) or CPU operators per rank and category by total time."""
+    where_top = f"rank_in_category <= {int(top)}"
+    sql = "SELECT * FROM kernel_breakdown{where} ORDER BY run, rank, category, rank_in_category"
+    df = _query(store_or_con, sql, run, params)
+    return df[df["rank_in_category"] <= int(top)].reset_index(drop=True) if where_top else df
+
+
+def imbalance(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
+    """Per rank: compute relative to the mean of the ranks (median over steps), findings flagged."""
+    return _query(store_or_con, "SELECT * FROM imbalance_ranks{where} ORDER BY run, rank_order", run, params)
+
+
+def imbalance_steps(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
+    """Per step: the spread of compute over the ranks (max/mean, coefficient of variation)."""
+    return _query(store_or_con, "SELECT * FROM imbalance_steps{where} ORDER BY run, step", run, params)
+
+
+def all_to_all_balance(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
+    """MoE routing: all_to_all bytes sent/received per rank and their ratio to the mean."""
+    return _query(store_or_con, "SELECT * FROM all_to_all_balance{where} ORDER BY run, rank", run, params)
+
+
+def seqlen_signal(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
+    """Per rank: correlation of forward and backward durations across steps (sequence-length signal)."""
+    return _query(store_or_con, "SELECT * FROM seqlen_signal{where} ORDER BY run, rank", run, params)

@@ -1,0 +1,169 @@
+"""``traceanalyzer analyze``: run the analyses, save their results in the store, print them.
+
+Results are saved as Parquet under ``STORE/_results/<analysis>/<run>.<generation>.parquet`` and
+listed in the store manifest together with the results version and the parameters (thresholds)
+used, so that reports, notebooks and CI read them without recomputing. Saving is atomic like
+ingest: files first, then the manifest.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+
+from .. import __version__
+from .. import schema as S
+from .. import store as st
+from ..errors import TraceAnalyzerError
+from . import PARAMETERS, prepare
+
+#: analysis name -> the SQL that produces its result table (columns as in schema.RESULTS).
+QUERIES: dict[str, str] = {
+    "clock_offsets": "SELECT * FROM clock_offsets ORDER BY run, rank",
+    "collectives": "SELECT * FROM collective_instances ORDER BY run, pg, seq",
+    "stragglers": "SELECT * FROM straggler_findings ORDER BY run, rank_order",
+    "phases": "SELECT * FROM step_phases ORDER BY run, step, rank",
+    "overlap": "SELECT * FROM overlap_ranks ORDER BY run, rank",
+    "exposed_comm": "SELECT * FROM exposed_comm WHERE rank_order <= getvariable('exposed_top') ORDER BY run, rank_order",
+    "temporal_breakdown": "SELECT * FROM temporal_breakdown ORDER BY run, rank, step",
+    "kernel_breakdown": "SELECT * FROM kernel_breakdown WHERE rank_in_category <= getvariable('kernels_top') "
+                        "ORDER BY run, rank, category, rank_in_category",
+    "imbalance": "SELECT * FROM imbalance_ranks ORDER BY run, rank_order",
+    "all_to_all_balance": "SELECT * FROM all_to_all_balance ORDER BY run, rank",
+    "seqlen_signal": "SELECT * FROM seqlen_signal ORDER BY run, rank",
+}
+assert set(QUERIES) == set(S.RESULTS), "every result table has a query and a schema"
+
+
+def compute(con, run: str | None = None, only: list[str] | None = None, **params) -> dict[str, pd.DataFrame]:
+    """Run the analyses on an open store connection; returns name -> DataFrame (schema columns)."""
+    names = list(QUERIES) if not only else list(only)
+    unknown = [n for n in names if n not in QUERIES]
+    if unknown:
+        raise TraceAnalyzerError(f"unknown analysis: {', '.join(unknown)}; known: {', '.join(QUERIES)}")
+    prepare(con, **params)
+    out = {}
+    for name in names:
+        sql = QUERIES[name]
+        if run is not None:
+            sql = f"SELECT * FROM ({sql}) WHERE run = $run"
+        df = con.execute(sql, {"run": run} if run is not None else {}).df()
+        out[name] = _conform(name, df)
+    return out
+
+
+def _conform(name: str, df: pd.DataFrame) -> pd.DataFrame:
+    want = S.RESULTS[name].column_names
+    if list(df.columns) != want:
+        raise TraceAnalyzerError(f"internal: analysis {name} returned columns {list(df.columns)}, schema says {want}")
+    return df
+
+
+def save(store: str | os.PathLike, results: dict[str, pd.DataFrame], params: dict, runs: list[str]) -> None:
+    """Write results into the store atomically: one file per analysis and run, for every run
+    analysed (an empty result replaces an older non-empty one)."""
+    store = Path(store)
+    with st.locked(store):
+        manifest = st.read_manifest(store)
+        manifest.generation += 1
+        gen = manifest.generation
+        saved = manifest.extra.setdefault("results", {})
+        for name, df in results.items():
+            table = pa.Table.from_pandas(df, schema=S.RESULTS[name].arrow_schema, preserve_index=False)
+            entry = saved.setdefault(name, {"files": {}})
+            for run in runs:
+                rel = f"_results/{name}/{run}.{gen}.parquet"
+                (store / rel).parent.mkdir(parents=True, exist_ok=True)
+                st.write_table(table.filter(pa.compute.equal(table["run"], run)), store / rel)
+                entry["files"][run] = rel
+            entry.update(version=S.RESULTS_VERSION, params=params,
+                         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+        st.write_manifest(store, manifest)
+        st.collect_garbage(store, manifest)
+
+
+def analyze(store: str | os.PathLike, run: str | None = None, only: list[str] | None = None,
+            save_results: bool = True, **params) -> dict[str, pd.DataFrame]:
+    """Run the analyses over ``store`` (all ranks), save them in it, and return them."""
+    from ..store import open_store
+    con = open_store(store)
+    try:
+        runs = [r for (r,) in con.execute("SELECT DISTINCT run FROM ranks ORDER BY run").fetchall()]
+        if run is not None and run not in runs:
+            raise TraceAnalyzerError(f"{store}: no run '{run}' in the store (runs: {', '.join(runs) or 'none'})")
+        results = compute(con, run=run, only=only, **params)
+    finally:
+        con.close()
+    if save_results:
+        save(store, results, effective_params(params), [run] if run is not None else runs)
+    return results
+
+
+def effective_params(params: dict) -> dict:
+    return {k: params.get(k, default) for k, (default, _) in PARAMETERS.items()}
+
+
+def to_json(results: dict[str, pd.DataFrame], params: dict) -> str:
+    """One document for bots: keys from the schema module, with the schema versions."""
+    doc = {"traceanalyzer": __version__, "store_schema_version": S.SCHEMA_VERSION,
+           "results_version": S.RESULTS_VERSION, "parameters": effective_params(params),
+           "results": {name: json.loads(df.to_json(orient="records")) for name, df in results.items()}}
+    return json.dumps(doc, indent=1)
+
+
+def _ms(ns) -> str:
+    return "-" if ns is None or pd.isna(ns) else f"{ns / 1e6:.2f} ms"
+
+
+def format_text(results: dict[str, pd.DataFrame], params: dict) -> str:
+    """A one-screen summary per run: findings first, then the context numbers."""
+    p = effective_params(params)
+    runs = sorted({r for df in results.values() if "run" in df for r in df["run"].unique()})
+    lines = []
+    for run in runs:
+        lines.append(f"== run '{run}'")
+        sel = {k: v[v["run"] == run] for k, v in results.items()}
+        if "stragglers" in sel:
+            s = sel["stragglers"]
+            if s.empty:
+                lines.append(f"stragglers: none (no rank cost its peers >= {p['straggler_min_delay_pct']}% of a step "
+                             f"while being >= {p['straggler_min_excess_pct']}% slower in a phase)")
+            for r in s.itertuples():
+                lines.append(f"straggler #{r.rank_order}: rank {r.rank} costs its peers {_ms(r.delay_ns_per_step)} per step "
+                             f"({r.delay_pct:.1f}% of the step), {r.pattern} ({r.steps_flagged}/{r.steps} steps); "
+                             f"slower in {r.phase} by {_ms(r.phase_excess_ns_per_step)}")
+        if "imbalance" in sel:
+            im = sel["imbalance"]
+            found = im[im["is_finding"]]
+            if im.empty:
+                pass
+            elif found.empty:
+                lines.append(f"imbalance: none (no rank computes >= {p['imbalance_min_ratio']}x the mean)")
+            for r in found.itertuples():
+                lines.append(f"imbalance #{r.rank_order}: rank {r.rank} computes {r.ratio_to_mean:.2f}x the mean of the ranks "
+                             f"(+{_ms(r.excess_ns_per_step)} per step, {r.excess_pct:.1f}% of the step)")
+        if "overlap" in sel and not sel["overlap"].empty:
+            o = sel["overlap"]
+            lines.append(f"overlap: {o['overlap_pct'].mean():.1f}% of communication overlapped on average "
+                         f"(min rank {int(o.loc[o['overlap_pct'].idxmin(), 'rank'])}: {o['overlap_pct'].min():.1f}%); "
+                         f"exposed {_ms(o['exposed_ns'].sum() / max(len(o), 1))} per rank in the window")
+        if "exposed_comm" in sel and not sel["exposed_comm"].empty:
+            for r in sel["exposed_comm"].head(3).itertuples():
+                lines.append(f"  exposed #{r.rank_order}: rank {r.rank} step {r.step}: {_ms(r.exposed_ns)} of {r.op} "
+                             f"(pg {r.pg}, seq {r.seq}, {r.bytes} bytes) after {r.compute_before}")
+        if "collectives" in sel and not sel["collectives"].empty:
+            c = sel["collectives"]
+            last = c["last_arriver"].value_counts()
+            lines.append(f"collectives: {len(c)} joined across ranks ({int((~c['complete']).sum())} incomplete); "
+                         f"median arrival skew {_ms(c['arrival_skew_ns'].median())}; most often last: rank {last.index[0]} "
+                         f"({last.iloc[0]} times)")
+        if "temporal_breakdown" in sel and not sel["temporal_breakdown"].empty:
+            t = sel["temporal_breakdown"]
+            lines.append("time: compute {:.1f}%, exposed comm {:.1f}%, memory {:.1f}%, idle {:.1f}% (mean over ranks and steps)".format(
+                t["compute_pct"].mean(), t["comm_pct"].mean(), t["memory_pct"].mean(), t["idle_pct"].mean()))
+        lines.append("")
+    return "\n".join(lines).rstrip()

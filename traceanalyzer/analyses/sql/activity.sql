@@ -1,0 +1,68 @@
+-- What each rank was doing, as labelled time segments: the base of overlap, exposed
+-- communication, temporal breakdown and imbalance.
+--
+-- Intervals per rank, step and category:
+--   GPU ranks (the window has kernels): compute = compute kernels, comm = communication kernels
+--     (NCCL, symmetric-memory), memory = memcpy/memset, all streams together;
+--   CPU ranks (gloo, no kernels): compute = CPU operators (cpu_op) on the threads that issue work
+--     (not the gloo runloop threads), comm = the execution of each communication op (comms).
+-- A step's intervals are the events whose step is that step (GPU work: the step of the CPU call
+-- that launched it).
+--
+-- The sweep: every interval contributes +1 at its start and -1 at its end for its category; equal
+-- timestamps are merged and a running sum gives, between consecutive timestamps, how many
+-- intervals of each category are active. Each such segment gets one label by priority:
+-- compute > comm > memory > idle. 'comm' segments are therefore exposed communication (no compute
+-- ran at the same time), and merged intervals are never double-counted.
+
+-- Columns: run, rank, window_id, step, category (compute/comm/memory), lo_ns, hi_ns, name,
+-- comm_id (comms row for comm intervals).
+CREATE OR REPLACE TEMP VIEW activity_intervals AS
+WITH gpu_windows AS (
+    SELECT DISTINCT run, rank, window_id FROM events WHERE kind IN ('compute_kernel', 'comm_kernel')
+),
+runloop AS (SELECT run, rank, window_id, tid FROM threads WHERE name LIKE '%gloo_runloop%')
+SELECT e.run, e.rank, e.window_id, e.step,
+       CASE e.kind WHEN 'compute_kernel' THEN 'compute' WHEN 'comm_kernel' THEN 'comm' ELSE 'memory' END AS category,
+       e.ts_ns AS lo_ns, e.ts_ns + e.dur_ns AS hi_ns, e.name, CAST(NULL AS BIGINT) AS comm_id
+FROM events e SEMI JOIN gpu_windows g USING (run, rank, window_id)
+WHERE e.kind IN ('compute_kernel', 'comm_kernel', 'memcpy', 'memset') AND e.step IS NOT NULL AND e.dur_ns > 0
+UNION ALL
+SELECT e.run, e.rank, e.window_id, e.step, 'compute', e.ts_ns, e.ts_ns + e.dur_ns, e.name, NULL
+FROM events e ANTI JOIN gpu_windows g USING (run, rank, window_id)
+ANTI JOIN runloop r ON r.run = e.run AND r.rank = e.rank AND r.window_id = e.window_id AND r.tid = e.tid
+WHERE e.kind = 'cpu_op' AND e.step IS NOT NULL AND e.dur_ns > 0
+UNION ALL
+SELECT c.run, c.rank, c.window_id, coalesce(e.step, c.step), 'comm', c.start_ts_ns, c.end_ts_ns, c.exec_name, c.comm_id
+FROM comms c ANTI JOIN gpu_windows g USING (run, rank, window_id)
+LEFT JOIN events e ON e.run = c.run AND e.rank = c.rank AND e.window_id = c.window_id AND e.event_id = c.exec_event_id
+WHERE coalesce(e.step, c.step) IS NOT NULL AND c.dur_ns > 0;
+
+-- Columns: run, rank, window_id, step, lo_ns, hi_ns, dur_ns, label (compute/comm/memory/idle),
+-- n_compute, n_comm, n_memory (intervals of each category active in the segment).
+CREATE OR REPLACE TEMP VIEW activity_segments AS
+WITH deltas AS (
+    SELECT run, rank, window_id, step, lo_ns AS t,
+           (category = 'compute')::INT AS d_compute, (category = 'comm')::INT AS d_comm, (category = 'memory')::INT AS d_memory
+    FROM activity_intervals
+    UNION ALL
+    SELECT run, rank, window_id, step, hi_ns,
+           -(category = 'compute')::INT, -(category = 'comm')::INT, -(category = 'memory')::INT
+    FROM activity_intervals
+),
+merged AS (
+    SELECT run, rank, window_id, step, t, sum(d_compute) AS d_compute, sum(d_comm) AS d_comm, sum(d_memory) AS d_memory
+    FROM deltas GROUP BY ALL
+),
+running AS (
+    SELECT run, rank, window_id, step, t AS lo_ns,
+           lead(t) OVER w AS hi_ns,
+           sum(d_compute) OVER w AS n_compute, sum(d_comm) OVER w AS n_comm, sum(d_memory) OVER w AS n_memory
+    FROM merged
+    WINDOW w AS (PARTITION BY run, rank, window_id, step ORDER BY t ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+)
+SELECT run, rank, window_id, step, lo_ns, hi_ns, hi_ns - lo_ns AS dur_ns,
+       CASE WHEN n_compute > 0 THEN 'compute' WHEN n_comm > 0 THEN 'comm' WHEN n_memory > 0 THEN 'memory'
+            ELSE 'idle' END AS label,
+       n_compute, n_comm, n_memory
+FROM running WHERE hi_ns IS NOT NULL AND hi_ns > lo_ns;

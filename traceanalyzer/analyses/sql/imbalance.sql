@@ -1,0 +1,71 @@
+-- Load imbalance: is the work spread evenly over the ranks?
+--
+-- Per step, each rank's compute time (merged compute intervals, activity.sql: kernels on GPU
+-- ranks, CPU operators on gloo ranks) and the spread over the ranks: max/mean and the coefficient
+-- of variation. Waiting is not work: a slow rank that sleeps or stalls shows up as a straggler
+-- (stragglers.sql), a rank given more work shows up here.
+--
+-- Parameters (DuckDB variables set by traceanalyzer.analyses):
+--   imbalance_min_ratio       a rank is a finding when its compute is at least this times the mean
+--                             of the ranks (median over steps) (default 1.1)
+--   imbalance_min_excess_pct  ... and the excess over the mean is at least this % of the median
+--                             step time (default 5)
+--   seqlen_min_corr           forward and backward durations correlated at least this much across
+--                             steps suggest sequence-length imbalance (default 0.9)
+
+-- Columns: run, step, n_ranks, mean_ns, max_ns, min_ns, max_over_mean, cv, max_rank.
+CREATE OR REPLACE TEMP VIEW imbalance_steps AS
+WITH per_rank AS (
+    SELECT run, rank, step, sum(dur_ns) FILTER (WHERE n_compute > 0) AS compute_ns
+    FROM activity_segments GROUP BY ALL
+)
+SELECT run, step, count(*) AS n_ranks, avg(compute_ns) AS mean_ns, max(compute_ns) AS max_ns,
+       min(compute_ns) AS min_ns, max(compute_ns) / nullif(avg(compute_ns), 0) AS max_over_mean,
+       stddev_pop(compute_ns) / nullif(avg(compute_ns), 0) AS cv, arg_max(rank, compute_ns) AS max_rank
+FROM per_rank GROUP BY ALL;
+
+-- Per rank: compute relative to the mean of the ranks, median over steps; the finding rows.
+-- Columns: run, rank, compute_ns_per_step, ratio_to_mean, excess_ns_per_step, excess_pct (of the
+-- median step time), steps, steps_max (steps in which it did the most work), is_finding,
+-- rank_order (1 = most excess work).
+CREATE OR REPLACE TEMP VIEW imbalance_ranks AS
+WITH per_rank AS (
+    SELECT run, rank, step, sum(dur_ns) FILTER (WHERE n_compute > 0) AS compute_ns
+    FROM activity_segments GROUP BY ALL
+),
+rel AS (
+    SELECT p.*, p.compute_ns / nullif(s.mean_ns, 0) AS ratio, p.compute_ns - s.mean_ns AS excess_ns,
+           s.max_rank = p.rank AS is_max
+    FROM per_rank p JOIN imbalance_steps s USING (run, step)
+),
+step_time AS (SELECT run, median(step_ns) AS step_ns FROM step_phases GROUP BY ALL),
+agg AS (
+    SELECT r.run, r.rank, median(r.compute_ns) AS compute_ns_per_step, median(r.ratio) AS ratio_to_mean,
+           median(r.excess_ns) AS excess_ns_per_step,
+           100.0 * median(r.excess_ns) / nullif(any_value(t.step_ns), 0) AS excess_pct,
+           count(*) AS steps, count(*) FILTER (WHERE r.is_max) AS steps_max
+    FROM rel r LEFT JOIN step_time t USING (run) GROUP BY ALL
+)
+SELECT *, ratio_to_mean >= getvariable('imbalance_min_ratio')
+          AND coalesce(excess_pct, 100) >= getvariable('imbalance_min_excess_pct') AS is_finding,
+       row_number() OVER (PARTITION BY run ORDER BY excess_ns_per_step DESC) AS rank_order
+FROM agg;
+
+-- Sequence-length imbalance signal: per rank, the correlation across steps of its forward and
+-- backward durations (phases.sql). Columns: run, rank, steps, fwd_bwd_corr, signal.
+CREATE OR REPLACE TEMP VIEW seqlen_signal AS
+SELECT run, rank, count(*) AS steps, corr(forward_ns, backward_ns) AS fwd_bwd_corr,
+       coalesce(corr(forward_ns, backward_ns) >= getvariable('seqlen_min_corr') AND count(*) >= 3, false) AS signal
+FROM step_phases GROUP BY ALL;
+
+-- MoE routing: all_to_all bytes sent and received per rank (from the recorded split sizes, else
+-- the message sizes). Columns: run, rank, n_all_to_all, sent_bytes, recv_bytes,
+-- sent_over_mean, recv_over_mean.
+CREATE OR REPLACE TEMP VIEW all_to_all_balance AS
+WITH a AS (
+    SELECT run, rank, count(*) AS n_all_to_all, sum(in_bytes) AS sent_bytes, sum(out_bytes) AS recv_bytes
+    FROM comms WHERE op = 'all_to_all' GROUP BY ALL
+)
+SELECT *, sent_bytes / nullif(avg(sent_bytes) OVER (PARTITION BY run), 0) AS sent_over_mean,
+       recv_bytes / nullif(avg(recv_bytes) OVER (PARTITION BY run), 0) AS recv_over_mean
+FROM a;

@@ -1,0 +1,74 @@
+-- Communication/computation overlap and the exposed communication it leaves, per rank and step.
+--
+-- Overlap % follows HTA's definition: |comm ∩ compute| / |comm| over merged intervals
+-- (activity.sql's segments: a segment with comm and compute active is overlapped, one with comm
+-- only is exposed). Exposed communication is listed interval by interval: consecutive exposed
+-- segments are joined, each is attributed to the collective that covers most of it, and the
+-- compute that ran just before and just after it is named -- what a user would move or overlap.
+
+-- Columns: run, rank, step, comm_ns, overlapped_ns, exposed_ns, compute_ns, overlap_pct,
+-- exposed_pct_of_step (exposed / step span of the rank's activity).
+CREATE OR REPLACE TEMP VIEW overlap_steps AS
+SELECT run, rank, step,
+       sum(dur_ns) FILTER (WHERE n_comm > 0) AS comm_ns,
+       coalesce(sum(dur_ns) FILTER (WHERE n_comm > 0 AND n_compute > 0), 0) AS overlapped_ns,
+       coalesce(sum(dur_ns) FILTER (WHERE label = 'comm'), 0) AS exposed_ns,
+       coalesce(sum(dur_ns) FILTER (WHERE n_compute > 0), 0) AS compute_ns,
+       100.0 * coalesce(sum(dur_ns) FILTER (WHERE n_comm > 0 AND n_compute > 0), 0)
+             / nullif(sum(dur_ns) FILTER (WHERE n_comm > 0), 0) AS overlap_pct,
+       100.0 * coalesce(sum(dur_ns) FILTER (WHERE label = 'comm'), 0) / nullif(max(hi_ns) - min(lo_ns), 0) AS exposed_pct_of_step
+FROM activity_segments GROUP BY ALL;
+
+-- Per rank over the whole window (what HTA reports per rank).
+-- Columns: run, rank, comm_ns, overlapped_ns, exposed_ns, overlap_pct.
+CREATE OR REPLACE TEMP VIEW overlap_ranks AS
+SELECT run, rank, sum(comm_ns) AS comm_ns, sum(overlapped_ns) AS overlapped_ns, sum(exposed_ns) AS exposed_ns,
+       100.0 * sum(overlapped_ns) / nullif(sum(comm_ns), 0) AS overlap_pct
+FROM overlap_steps GROUP BY ALL;
+
+-- Exposed communication intervals, largest first.
+-- Columns: run, rank, window_id, step, lo_ns, hi_ns, exposed_ns, op, pg, seq, bytes (of the
+-- collective covering most of the interval), comm_name, compute_before, compute_after (names of
+-- the compute that ended last before it and started first after it), rank_order (per run).
+CREATE OR REPLACE TEMP VIEW exposed_comm AS
+WITH seg AS (
+    SELECT *, sum(CASE WHEN lo_ns = prev_hi THEN 0 ELSE 1 END) OVER (PARTITION BY run, rank, window_id, step ORDER BY lo_ns) AS island
+    FROM (SELECT *, lag(hi_ns) OVER (PARTITION BY run, rank, window_id, step ORDER BY lo_ns) AS prev_hi
+          FROM activity_segments WHERE label = 'comm')
+),
+intervals AS (
+    SELECT run, rank, window_id, step, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns, sum(dur_ns) AS exposed_ns
+    FROM seg GROUP BY run, rank, window_id, step, island
+),
+covering AS (
+    SELECT i.run, i.rank, i.window_id, i.step, i.lo_ns,
+           arg_max(a.comm_id, least(a.hi_ns, i.hi_ns) - greatest(a.lo_ns, i.lo_ns)) AS comm_id,
+           arg_max(a.name, least(a.hi_ns, i.hi_ns) - greatest(a.lo_ns, i.lo_ns)) AS comm_name
+    FROM intervals i JOIN activity_intervals a
+      ON a.run = i.run AND a.rank = i.rank AND a.window_id = i.window_id AND a.category = 'comm'
+     AND a.lo_ns < i.hi_ns AND a.hi_ns > i.lo_ns
+    GROUP BY ALL
+),
+before AS (
+    SELECT i.run, i.rank, i.window_id, i.lo_ns, arg_max(a.name, a.hi_ns) AS compute_before
+    FROM intervals i JOIN activity_intervals a
+      ON a.run = i.run AND a.rank = i.rank AND a.window_id = i.window_id AND a.category = 'compute'
+     AND a.hi_ns <= i.lo_ns AND a.hi_ns > i.lo_ns - 1000000000
+    GROUP BY ALL
+),
+after AS (
+    SELECT i.run, i.rank, i.window_id, i.lo_ns, arg_min(a.name, a.lo_ns) AS compute_after
+    FROM intervals i JOIN activity_intervals a
+      ON a.run = i.run AND a.rank = i.rank AND a.window_id = i.window_id AND a.category = 'compute'
+     AND a.lo_ns >= i.hi_ns AND a.lo_ns < i.hi_ns + 1000000000
+    GROUP BY ALL
+)
+SELECT i.run, i.rank, i.window_id, i.step, i.lo_ns, i.hi_ns, i.exposed_ns,
+       c.op, c.pg_name AS pg, c.seq, coalesce(c.in_bytes, c.out_bytes) AS bytes,
+       coalesce(cv.comm_name, c.exec_name) AS comm_name, b.compute_before, f.compute_after,
+       row_number() OVER (PARTITION BY i.run ORDER BY i.exposed_ns DESC, i.rank, i.lo_ns) AS rank_order
+FROM intervals i
+LEFT JOIN covering cv USING (run, rank, window_id, step, lo_ns)
+LEFT JOIN comms c ON c.run = i.run AND c.rank = i.rank AND c.window_id = i.window_id AND c.comm_id = cv.comm_id
+LEFT JOIN before b USING (run, rank, window_id, lo_ns)
+LEFT JOIN after f USING (run, rank, window_id, lo_ns);
