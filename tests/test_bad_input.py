@@ -203,7 +203,8 @@ def test_ingest_killed_midway_leaves_previous_store_intact(store, tmp_path):
     leftovers = [p for p in store.rglob("*") if p.name.startswith((".staging", "_store.lock"))]
     assert leftovers == []
     con = ta.open(store)
-    listed = {t["files"][k] for t in json.loads((store / "_store.json").read_text())["traces"] for k in t["files"]}
+    doc = json.loads((store / "_store.json").read_text())
+    listed = {f for t in doc["traces"] + doc.get("sidecars", []) for f in t["files"].values()}
     on_disk = {p.relative_to(store).as_posix() for p in store.rglob("*.parquet")}
     assert on_disk == listed
     assert con.execute("SELECT count(DISTINCT rank) FROM ranks WHERE run = 'after'").fetchone()[0] == 4
