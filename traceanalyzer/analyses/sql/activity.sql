@@ -7,7 +7,8 @@
 --   CPU ranks (gloo, no kernels): compute = CPU operators (cpu_op) on the threads that issue work
 --     (not the gloo runloop threads), comm = the execution of each communication op (comms).
 -- A step's intervals are the events whose step is that step (GPU work: the step of the CPU call
--- that launched it).
+-- that launched it); work outside every ProfilerStep (warm-up before the first one) forms its own
+-- group with step NULL, so that nothing is left out.
 --
 -- The sweep: every interval contributes +1 at its start and -1 at its end for its category; equal
 -- timestamps are merged and a running sum gives, between consecutive timestamps, how many
@@ -26,17 +27,17 @@ SELECT e.run, e.rank, e.window_id, e.step,
        CASE e.kind WHEN 'compute_kernel' THEN 'compute' WHEN 'comm_kernel' THEN 'comm' ELSE 'memory' END AS category,
        e.ts_ns AS lo_ns, e.ts_ns + e.dur_ns AS hi_ns, e.name, CAST(NULL AS BIGINT) AS comm_id
 FROM events e SEMI JOIN gpu_windows g USING (run, rank, window_id)
-WHERE e.kind IN ('compute_kernel', 'comm_kernel', 'memcpy', 'memset') AND e.step IS NOT NULL AND e.dur_ns > 0
+WHERE e.kind IN ('compute_kernel', 'comm_kernel', 'memcpy', 'memset') AND e.dur_ns > 0
 UNION ALL
 SELECT e.run, e.rank, e.window_id, e.step, 'compute', e.ts_ns, e.ts_ns + e.dur_ns, e.name, NULL
 FROM events e ANTI JOIN gpu_windows g USING (run, rank, window_id)
 ANTI JOIN runloop r ON r.run = e.run AND r.rank = e.rank AND r.window_id = e.window_id AND r.tid = e.tid
-WHERE e.kind = 'cpu_op' AND e.step IS NOT NULL AND e.dur_ns > 0
+WHERE e.kind = 'cpu_op' AND e.dur_ns > 0
 UNION ALL
 SELECT c.run, c.rank, c.window_id, coalesce(e.step, c.step), 'comm', c.start_ts_ns, c.end_ts_ns, c.exec_name, c.comm_id
 FROM comms c ANTI JOIN gpu_windows g USING (run, rank, window_id)
 LEFT JOIN events e ON e.run = c.run AND e.rank = c.rank AND e.window_id = c.window_id AND e.event_id = c.exec_event_id
-WHERE coalesce(e.step, c.step) IS NOT NULL AND c.dur_ns > 0;
+WHERE c.dur_ns > 0;
 
 -- Columns: run, rank, window_id, step, lo_ns, hi_ns, dur_ns, label (compute/comm/memory/idle),
 -- n_compute, n_comm, n_memory (intervals of each category active in the segment).

@@ -1,0 +1,195 @@
+"""The SQL analyses on real traces, with numbers a person can check by hand (or recomputed here
+independently from the raw JSON)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import traceanalyzer as ta
+from traceanalyzer import analyses
+from traceanalyzer import schema as S
+from traceanalyzer.analyses.results import QUERIES
+
+from conftest import EXTERNAL, TRACES, load_raw, need_external
+
+
+@pytest.fixture(scope="module")
+def dlrm(tmp_path_factory):
+    need_external()
+    store = tmp_path_factory.mktemp("dlrm") / "s"
+    ta.ingest([EXTERNAL / "param_dlrm_8rank"], store, run="dlrm")
+    return store
+
+
+@pytest.fixture(scope="module")
+def slow2(tmp_path_factory):
+    store = tmp_path_factory.mktemp("slow2") / "s"
+    ta.ingest([TRACES / "ddp_gloo_4rank_slow2"], store, run="slow2")
+    return store
+
+
+def _union(intervals):
+    out = []
+    for lo, hi in sorted(intervals):
+        if out and lo <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], hi)
+        else:
+            out.append([lo, hi])
+    return out
+
+
+def _length(intervals):
+    return sum(hi - lo for lo, hi in intervals)
+
+
+def _intersection(a, b):
+    total, i, j = 0, 0, 0
+    while i < len(a) and j < len(b):
+        lo, hi = max(a[i][0], b[j][0]), min(a[i][1], b[j][1])
+        total += max(0, hi - lo)
+        if a[i][1] < b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return total
+
+
+def test_overlap_equals_interval_arithmetic_on_the_raw_trace(dlrm):
+    """DLRM, 8 ranks: NCCL kernels as communication, the rest as compute, merged per step (kernels
+    launched inside ProfilerStep#10, and those launched before it); overlap = |comm ∩ compute| / |comm|,
+    recomputed here in plain Python from the raw JSON."""
+    got = analyses.overlap(dlrm).set_index("rank")
+    assert sorted(got.index) == list(range(8))  # every rank, never a rank-0 default
+    for path in sorted((EXTERNAL / "param_dlrm_8rank").glob("*.json.gz")):
+        raw = load_raw(path)
+        rank = raw["distributedInfo"]["rank"]
+        ev = raw["traceEvents"]
+        step = next(e for e in ev if e.get("name") == "ProfilerStep#10")
+        lo, hi = step["ts"], step["ts"] + step["dur"]
+        launched = {e["args"]["correlation"] for e in ev if e.get("cat") == "cuda_runtime"
+                    and "correlation" in e.get("args", {}) and lo <= e["ts"] < hi}
+        kernels = [e for e in ev if e.get("cat") == "kernel"]
+        inter = comm_len = 0
+        for in_step in (True, False):  # kernels launched in the step, and the warm-up before it
+            group = [k for k in kernels if (k["args"].get("correlation") in launched) == in_step]
+            comm = _union([(k["ts"], k["ts"] + k["dur"]) for k in group if "nccl" in k["name"].lower()])
+            comp = _union([(k["ts"], k["ts"] + k["dur"]) for k in group if "nccl" not in k["name"].lower()])
+            inter, comm_len = inter + _intersection(comm, comp), comm_len + _length(comm)
+        want = 100.0 * inter / comm_len
+        assert got.loc[rank, "overlap_pct"] == pytest.approx(want, abs=1e-6)
+        assert got.loc[rank, "comm_ns"] == comm_len * 1000  # µs integers in this file -> exact ns
+
+
+def test_temporal_breakdown_partitions_the_span(dlrm):
+    tb = analyses.temporal_breakdown(dlrm)
+    # one row per rank for ProfilerStep#10, plus the warm-up before it on ranks 1 and 3 (step NULL)
+    assert len(tb[tb["step"] == 10]) == 8 and sorted(tb[tb["step"].isna()]["rank"]) == [1, 3]
+    parts = tb["compute_ns"] + tb["comm_ns"] + tb["memory_ns"] + tb["idle_ns"]
+    assert (parts == tb["span_ns"]).all()
+    assert (tb[["compute_pct", "comm_pct", "memory_pct", "idle_pct"]].sum(axis=1).round(6) == 100).all()
+
+
+def test_kernel_breakdown_counts_every_kernel(dlrm):
+    con = ta.open(dlrm)
+    analyses.prepare(con)
+    per_rank = dict(con.execute("SELECT rank, sum(count) FROM kernel_breakdown GROUP BY rank").fetchall())
+    raw_counts = {}
+    for path in sorted((EXTERNAL / "param_dlrm_8rank").glob("*.json.gz")):
+        raw = load_raw(path)
+        raw_counts[raw["distributedInfo"]["rank"]] = sum(
+            1 for e in raw["traceEvents"] if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and e.get("dur", 0) > 0)
+    assert per_rank == raw_counts
+    # ranks 1 and 3 run more kernels (MANIFEST.md) -- visible in the breakdown
+    top = sorted(per_rank, key=per_rank.get)[-2:]
+    assert set(top) == {1, 3}
+
+
+def test_collectives_join_and_measure_the_slow_rank(slow2):
+    c = analyses.collectives(slow2)
+    assert len(c) == 12 and c["complete"].all() and (c["n_ranks"] == 4).all()
+    # rank 2 sleeps 20 ms in every forward: it is the last to arrive at the first bucket of every step
+    first_of_step = c.sort_values("seq").groupby("step").head(1)
+    assert set(first_of_step["last_arriver"]) == {2}
+    assert (first_of_step["arrival_skew_ns"] > 15e6).all()
+    assert ((c["transfer_ns"] >= 0) & (c["total_wait_ns"] >= 0)).all()
+    # busbw = algbw x 2(n-1)/n for all_reduce with n = 4
+    ok = c[c["transfer_ns"] > 0]
+    assert (ok["busbw_gbps"] / ok["algbw_gbps"]).round(9).eq(1.5).all()
+
+
+def test_straggler_is_found_with_its_phase_and_cost(slow2):
+    s = analyses.stragglers(slow2)
+    assert list(s["rank"]) == [2]
+    top = s.iloc[0]
+    assert top["rank_order"] == 1 and top["phase"] == "forward" and top["pattern"] == "persistent"
+    # the injected 20 ms per forward, seen as its excess over the other ranks' forward
+    assert 18e6 < top["phase_excess_ns_per_step"] < 23e6
+    assert top["delay_pct"] > 10
+
+
+def test_phases_cover_the_step(slow2):
+    p = analyses.phases(slow2)
+    assert len(p) == 12
+    total = p["forward_ns"] + p["backward_ns"] + p["sync_ns"] + p["optimizer_ns"]
+    assert (total == p["step_ns"]).all()
+    assert (p[p["rank"] == 2]["forward_ns"] > 20e6).all()
+
+
+def test_exposed_intervals_add_up_to_exposed_time(slow2):
+    con = ta.open(slow2)
+    analyses.prepare(con)
+    a = dict(con.execute("SELECT rank, sum(exposed_ns) FROM exposed_comm GROUP BY rank").fetchall())
+    b = dict(con.execute("SELECT rank, sum(exposed_ns) FROM overlap_steps GROUP BY rank").fetchall())
+    assert a == b
+    top = analyses.exposed_comm(slow2).iloc[0]
+    assert top["op"] == "all_reduce" and top["bytes"] > 0 and top["compute_before"]
+
+
+def test_analyze_saves_versioned_results_and_prints_json(run_cli, slow2, tmp_path):
+    code, out, err = run_cli("analyze", slow2)
+    assert code == 0, err
+    assert "straggler #1: rank 2" in out
+    manifest = json.loads((slow2 / "_store.json").read_text())
+    saved = manifest["results"]
+    assert set(saved) == set(S.RESULTS)
+    assert saved["stragglers"]["version"] == S.RESULTS_VERSION
+    assert saved["stragglers"]["params"]["straggler_min_delay_pct"] == 10.0
+    con = ta.open(slow2)
+    assert con.execute("SELECT rank FROM result_stragglers").fetchall() == [(2,)]
+    # thresholds are parameters; the saved result and its parameters follow them
+    code, out, err = run_cli("analyze", slow2, "--only", "stragglers", "--set", "straggler_min_delay_pct=99", "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["results"]["stragglers"] == [] and doc["parameters"]["straggler_min_delay_pct"] == 99.0
+    assert doc["results_version"] == S.RESULTS_VERSION and doc["store_schema_version"] == S.SCHEMA_VERSION
+    assert ta.open(slow2).execute("SELECT count(*) FROM result_stragglers").fetchone()[0] == 0
+
+
+def test_json_keys_come_from_the_schema(run_cli, slow2):
+    code, out, err = run_cli("analyze", slow2, "--json", "--no-save")
+    doc = json.loads(out)
+    assert set(doc["results"]) == set(QUERIES) == set(S.RESULTS)
+    for name, rows in doc["results"].items():
+        for row in rows[:1]:
+            assert list(row) == S.RESULTS[name].column_names
+
+
+@pytest.mark.parametrize("args,needle", [(["--run", "nope"], "no run 'nope'"),
+                                         (["--only", "bogus"], "unknown analysis"),
+                                         (["--set", "nope=1"], "--set nope=1"),
+                                         (["--set", "straggler_min_delay_pct=abc"], "takes a float")])
+def test_analyze_bad_arguments(run_cli, slow2, args, needle):
+    code, out, err = run_cli("analyze", slow2, *args)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_every_analysis_runs_on_every_external_trace(tmp_path):
+    """No crash on any trace generation (CPU-only, ROCm, sampled, vLLM): results or empty tables."""
+    need_external()
+    store = tmp_path / "s"
+    for i, path in enumerate(sorted(EXTERNAL.glob("hta/*.json.gz")) + sorted(EXTERNAL.glob("tracelens/*.json.gz"))):
+        ta.ingest([path], store, run=f"f{i}", rank=0 if "amd" in path.name else None)
+    results = analyses.results.analyze(store, save_results=False)
+    assert set(results) == set(S.RESULTS)
+    assert len(results["temporal_breakdown"]) > 0 and len(results["overlap"]) > 0
