@@ -1,4 +1,4 @@
-"""Command line: ``traceanalyzer ingest|info|sql|schema|demo``.
+"""Command line: ``traceanalyzer ingest|info|sql|analyze|desync|schema|demo``.
 
 Errors are one line (which file, what is wrong, what to do) and a non-zero exit; ``--debug``
 shows the traceback.
@@ -16,9 +16,19 @@ from .errors import TraceAnalyzerError
 
 def _cmd_ingest(args) -> int:
     from .ingest import ingest
-    report = ingest(args.paths, args.store, run=args.run, rank=args.rank, workers=args.workers,
-                    progress=not args.quiet)
+    report = ingest(args.paths or [], args.store, run=args.run, rank=args.rank, workers=args.workers,
+                    progress=not args.quiet, nccl_logs=args.nccl_log or [])
     print(report.summary())
+    return 0
+
+
+def _cmd_desync(args) -> int:
+    from .desync import diagnose
+    d = diagnose(args.paths, run=args.run)
+    if args.json:
+        print(d.findings.to_json(orient="records", indent=1, default_handler=str))
+    else:
+        print(d.text())
     return 0
 
 
@@ -94,13 +104,24 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("ingest", help="parse Kineto traces (.json/.json.gz, files or folders) into a store")
-    s.add_argument("paths", nargs="+", help="trace files or folders (searched recursively)")
+    s.add_argument("paths", nargs="*", help="trace files or folders (searched recursively); Flight Recorder dumps, "
+                                            "NCCL debug logs and NCCL profiler plugin output found there are ingested too")
     s.add_argument("--store", required=True, help="store folder (created if missing)")
     s.add_argument("--run", help="run name (default: the folder name of the first path)")
     s.add_argument("--rank", type=int, help="rank for traces without distributedInfo.rank (else taken from the file name)")
     s.add_argument("--workers", type=int, help="parallel worker processes (default: number of CPUs)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--nccl-log", action="append", metavar="FILE",
+                   help="an NCCL_DEBUG=INFO log (NCCL_DEBUG_SUBSYS=COLL), whatever its name (repeatable)")
     s.set_defaults(func=_cmd_ingest)
+
+    s = sub.add_parser("desync", help="diagnose a hang from the Flight Recorder dumps of all ranks: which collective, "
+                                      "which ranks are missing, and where they wait")
+    s.add_argument("paths", nargs="+", help="FR dumps (rank{R}.fr.json, .fr.pkl, nccl_trace_rank_{R}) or folders of "
+                                            "them, or one store")
+    s.add_argument("--run", help="the run, when a store holds dumps of several")
+    s.add_argument("--json", action="store_true", help="print the findings as JSON records")
+    s.set_defaults(func=_cmd_desync)
 
     s = sub.add_parser("info", help="summarise a store: runs, ranks, steps, events, collectives, time span")
     s.add_argument("store")
@@ -121,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--run", help="only this run (default: every run)")
     s.add_argument("--only", help="comma-separated analyses (default: all): " + ", ".join(
         ["clock_offsets", "collectives", "stragglers", "phases", "overlap", "exposed_comm", "temporal_breakdown",
-         "kernel_breakdown", "imbalance", "all_to_all_balance", "seqlen_signal"]))
+         "kernel_breakdown", "imbalance", "all_to_all_balance", "seqlen_signal", "launch_stats", "queue_length",
+         "idle_breakdown"]))
     s.add_argument("--set", action="append", metavar="NAME=VALUE", help="analysis parameter (repeatable); see `traceanalyzer analyze --help-params`")
     s.add_argument("--json", action="store_true", help="print one JSON document (keys from the schema, with versions)")
     s.add_argument("--no-save", action="store_true", help="do not save the results in the store")

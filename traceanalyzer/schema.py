@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1.0"
+SCHEMA_VERSION = "1.1"
 
 #: Durations above this are not plausible for one traced operation (a clock glitch or a
 #: never-closed range); such events are dropped and counted (``skipped.absurd_duration``).
@@ -43,6 +43,9 @@ class Table:
     name: str
     doc: str
     columns: tuple[Column, ...]
+    #: Hive partition keys of its files: per trace file (run, rank, window_id), or per process
+    #: (run, rank) for what a rank writes once, whatever its profiling windows (FR dumps, NCCL logs).
+    partition: tuple[str, ...] = ("run", "rank", "window_id")
 
     @property
     def arrow_schema(self) -> pa.Schema:
@@ -170,8 +173,138 @@ COMMS = Table("comms", "One row per communication operation on a rank, normalise
     _c("step", I32, "ProfilerStep of the enqueue"),
 ))
 
+# -- The NCCL side: per-process dumps and logs, partitioned by (run, rank) only -----------------
+# A process writes each of these once, whatever its profiling windows, so they are not tied to
+# a trace file. Files: TABLE/run=R/rank=K/part-G-N.parquet. Their rows are joined to the profiler's
+# collectives by (run, rank, process group, sequence number); see the comms_fr view.
+
+_PER_RANK = ("run", "rank")
+
+FR_DUMPS = Table("fr_dumps", "One row per ingested Flight Recorder dump (one per rank): what the dump says about itself.", (
+    _c("source_file", STR, "absolute path of the dump"),
+    _c("source_format", STR, "json (_dump_fr_trace_json, or the collector's JSON with frames) or pickle (_dump_fr_trace, read without running code)"),
+    _c("fr_version", STR, "the dump's format version (torch 2.13 writes '2.10')"),
+    _c("backend", STR, "nccl or gloo, from the entries' profiling names (null when the dump has no entries)"),
+    _c("comm_lib_version", STR, "NCCL version for NCCL dumps; empty for gloo"),
+    _c("n_entries", I64, "entries written to fr_entries"),
+    _c("n_skipped", I64, "malformed entries skipped (not a dict, or no process group / sequence id)"),
+    _c("pg_config_json", STR, "JSON list of {pg_name, pg_desc, ranks} from the dump's pg_config (ranks null when unreadable)"),
+    _c("pg_config_usable", BOOL, "false when pg_config cannot name the groups: gloo dumps hold one entry keyed '' (name and desc empty)"),
+    _c("pg_status_json", STR, "JSON object pg_id -> last_enqueued/started/completed_collective (ints)"),
+    _c("nccl_comm_state_json", STR, "NCCL dumps: JSON object comm hash -> NCCL's own key/value state; null when absent"),
+), _PER_RANK)
+
+FR_ENTRIES = Table("fr_entries", "One row per Flight Recorder entry (a collective or p2p op this rank issued, newest 2000 by default).", (
+    _c("record_id", I64, "position in the rank's FR ring (monotonic)"),
+    _c("pg_id", I64, "process group uid within this process (keys pg_status)"),
+    _c("pg_name", STR, "process group name (joins comms.pg_name)"),
+    _c("pg_desc", STR, "process group description"),
+    _c("collective_seq_id", I64, "1-based count of collectives on the group (joins comms.seq where seq_source is flight_recorder or nccl_seq); p2p entries repeat the last collective's"),
+    _c("p2p_seq_id", I64, "1-based count of p2p ops on the group (0 for collectives)"),
+    _c("op_id", I64, "counts every op of the group, including each op inside a coalesced group"),
+    _c("is_p2p", BOOL, "point-to-point op"),
+    _c("profiling_name", STR, "e.g. gloo:all_reduce, nccl:all_reduce, nccl:send 0->1 (group ranks)"),
+    _c("op", STR, "normalised op (as comms.op)"),
+    _c("input_sizes", STR, "JSON list of input tensor shapes"),
+    _c("input_dtypes", STR, "JSON list of input dtypes (Float, BFloat16, ...)"),
+    _c("output_sizes", STR, "JSON list of output tensor shapes"),
+    _c("output_dtypes", STR, "JSON list of output dtypes"),
+    _c("in_nelems", I64, "elements over all input tensors"),
+    _c("out_nelems", I64, "elements over all output tensors"),
+    _c("state", STR, "scheduled, started or completed (gloo entries stay 'scheduled': gloo records no start/end events)"),
+    _c("time_created_ns", I64, "when the op was enqueued (epoch, the issuing CPU thread)", "ns"),
+    _c("time_discovered_started_ns", I64, "when c10d saw the op start (NCCL; null for gloo or not started)", "ns"),
+    _c("time_discovered_completed_ns", I64, "when c10d saw the op complete (NCCL; null for gloo or not completed)", "ns"),
+    _c("duration_ns", I64, "GPU time between the op's CUDA events (NCCL with TORCH_NCCL_ENABLE_TIMING=1), else null", "ns"),
+    _c("timeout_ns", I64, "the group's timeout", "ns"),
+    _c("retired", BOOL, "the work object was retired (finished or timed out)"),
+    _c("thread_id", STR, "issuing thread id (as text)"),
+    _c("thread_name", STR, "issuing thread name"),
+    _c("frames_json", STR, "JSON list of {name, filename, line}: the Python stack of the call, innermost first; null when the dump has no frames (_dump_fr_trace_json in torch 2.13)"),
+), _PER_RANK)
+
+NCCL_LOG_OPS = Table("nccl_log_ops", "One row per NCCL API call logged with NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=COLL ('AllReduce: opCount ...').", (
+    _c("source_file", STR, "absolute path of the log"),
+    _c("line_no", I64, "1-based line in the log"),
+    _c("log_prefix", STR, "text before the host:pid:tid prefix (the NCCL_DEBUG_TIMESTAMP_FORMAT timestamp, when on), else null"),
+    _c("host", STR, "host name from the line prefix"),
+    _c("pid", I64, "process id from the line prefix"),
+    _c("tid", I64, "thread id from the line prefix"),
+    _c("cuda_dev", I32, "the [N] of the prefix: the CUDA device, not the rank"),
+    _c("nccl_op", STR, "NCCL's op name: AllReduce, AllGather, ReduceScatter, Broadcast, Reduce, Send, Recv, AlltoAll, ..."),
+    _c("op", STR, "normalised op (as comms.op)"),
+    _c("is_p2p", BOOL, "Send or Recv"),
+    _c("op_count", I64, "comm->opCount (logged in hex); its increments differ between NCCL versions"),
+    _c("comm_seq", I64, "0-based position of this call among the calls of its communicator in this log"),
+    _c("count", I64, "elements (per rank)"),
+    _c("datatype", I32, "ncclDataType_t code"),
+    _c("dtype", STR, "datatype name (int8, uint8, int32, uint32, int64, uint64, float16, float32, float64, bfloat16, float8e4m3, float8e5m2)"),
+    _c("elem_bytes", I32, "bytes per element (null for an unknown code)"),
+    _c("bytes", I64, "count x elem_bytes"),
+    _c("redop", I32, "ncclRedOp_t code (0 sum, 1 prod, 2 max, 3 min, 4 avg; larger: user PreMulSum)"),
+    _c("redop_name", STR, "sum, prod, max, min, avg or premulsum"),
+    _c("root", I32, "root (Broadcast/Reduce) or peer (Send/Recv), as a rank of the communicator"),
+    _c("sendbuff", STR, "send buffer pointer (text)"),
+    _c("recvbuff", STR, "receive buffer pointer (text)"),
+    _c("comm", STR, "communicator pointer (text): identifies the communicator within the process"),
+    _c("nranks", I32, "ranks of the communicator"),
+    _c("stream", STR, "CUDA stream pointer (text)"),
+    _c("comm_rank", I32, "this process's rank in the communicator, from its 'Init COMPLETE' line (null when the INIT lines are absent)"),
+    _c("comm_id", STR, "commId hash of the communicator from its 'Init COMPLETE' line (same on every rank of the communicator)"),
+), _PER_RANK)
+
+NCCL_INSPECTOR_OPS = Table("nccl_inspector_ops", "One row per completed collective (coll_perf) or p2p (p2p_perf) record of the NCCL Inspector profiler plugin's JSON output.", (
+    _c("source_file", STR, "absolute path of the Inspector log (<hostname>-pid<pid>.log, JSON lines)"),
+    _c("kind", STR, "coll or p2p"),
+    _c("nccl_op", STR, "NCCL's op name (AllReduce, Send, ...)"),
+    _c("op", STR, "normalised op (as comms.op)"),
+    _c("sn", I64, "coll_sn / p2p_sn: the Inspector's sequence number of the op in its communicator"),
+    _c("peer", I32, "p2p peer (communicator rank), null for collectives"),
+    _c("msg_size_bytes", I64, "message size", "bytes"),
+    _c("exec_dur_ns", I64, "execution time (coll_exec_time_us x 1000)", "ns"),
+    _c("timing_source", STR, "kernel_gpu, kernel_cpu or collective_cpu (v4.1+), else null"),
+    _c("algo", STR, "algorithm (RING, TREE, ...), collectives only"),
+    _c("proto", STR, "protocol (LL, LL128, SIMPLE), collectives only"),
+    _c("algobw_gbs", F64, "algorithm bandwidth", "GB/s"),
+    _c("busbw_gbs", F64, "bus bandwidth", "GB/s"),
+    _c("comm_id", STR, "communicator hash (header.id)"),
+    _c("comm_name", STR, "communicator name (header.comm_name, newer Inspectors), else null"),
+    _c("comm_rank", I32, "rank in the communicator (header.rank)"),
+    _c("comm_nranks", I32, "ranks of the communicator (header.n_ranks)"),
+    _c("comm_nnodes", I32, "nodes of the communicator (header.nnodes)"),
+    _c("hostname", STR, "metadata.hostname"),
+    _c("pid", I64, "metadata.pid"),
+    _c("dump_ts_ns", I64, "when the record was dumped (metadata.dump_timestamp_us x 1000)", "ns"),
+    _c("format_version", STR, "metadata.inspector_output_format_version (v4.0 ... v4.3)"),
+), _PER_RANK)
+
+NCCL_PROFILER_EVENTS = Table("nccl_profiler_events", "One row per begin/end pair of the NCCL example profiler plugin's Chrome-trace dump (NCCL_PROFILE_DUMP_FILE-<host>-<tid>.txt).", (
+    _c("source_file", STR, "absolute path of the dump"),
+    _c("name", STR, "event name: Group API, AllReduce, Send, KernelCh, ScheduleSend, RecvWait, ..."),
+    _c("cat", STR, "GROUP_API, COLL_API, P2P_API, KERNEL_LAUNCH, GROUP, COLL, P2P, PROXY, NET, GPU, NET_IB, NET_SOCK"),
+    _c("event_id", I64, "the async event id (per category)"),
+    _c("pid", I64, "process id"),
+    _c("start_rel_ns", I64, "begin, relative to the plugin's own time origin (not epoch)", "ns"),
+    _c("dur_ns", I64, "end - begin (null when the end is missing)", "ns"),
+    _c("op", STR, "normalised op for COLL/P2P/COLL_API/P2P_API events, else null"),
+    _c("seq_num", I64, "COLL: SeqNum (per communicator and collective type)"),
+    _c("comm_hash", STR, "COLL/P2P: CommHash (text: an unsigned 64-bit value)"),
+    _c("comm_rank", I32, "COLL/P2P: Rank in the communicator"),
+    _c("peer", I32, "P2P/PROXY: Peer"),
+    _c("count", I64, "COLL/P2P/API: element count"),
+    _c("datatype", STR, "NCCL datatype name (ncclFloat32, ...)"),
+    _c("algorithm", STR, "COLL: algorithm"),
+    _c("protocol", STR, "COLL: protocol"),
+    _c("n_channels", I32, "COLL/P2P: channels used"),
+    _c("channel", I32, "KernelCh/PROXY: channel id"),
+    _c("args_json", STR, "the begin event's args, as JSON"),
+), _PER_RANK)
+
+NCCL_SIDE_TABLES = (FR_DUMPS, FR_ENTRIES, NCCL_LOG_OPS, NCCL_INSPECTOR_OPS, NCCL_PROFILER_EVENTS)
+
 #: Every table of a store, in the order ``info`` lists them.
-TABLES: dict[str, Table] = {t.name: t for t in (RANKS, PROCESS_GROUPS, THREADS, EVENTS, FLOWS, STEPS, COMMS)}
+TABLES: dict[str, Table] = {t.name: t for t in (RANKS, PROCESS_GROUPS, THREADS, EVENTS, FLOWS, STEPS, COMMS,
+                                                *NCCL_SIDE_TABLES)}
 
 #: Store-level (not per-rank) table: one row per run.
 RUNS = Table("runs", "One row per run in the store (derived view).", (
@@ -185,6 +318,26 @@ RUNS = Table("runs", "One row per run in the store (derived view).", (
 ))
 
 
+#: Derived view: the profiler's collectives with their Flight Recorder entry (see store.py).
+COMMS_FR = Table("comms_fr", "Derived view: every column of comms, for the collectives whose seq is the FR's numbering "
+                 "(seq_source flight_recorder or nccl_seq), joined to fr_entries on (run, rank, pg_name, seq = "
+                 "collective_seq_id); FR columns are null where the rank's dump has no such entry (not ingested, or "
+                 "fallen out of the ring). When several FR entries share the key (ops of one coalesced group), the last "
+                 "op_id is taken. p2p ops are not joined (FR numbers them per group, comms per channel).", (
+    _c("fr_matched", BOOL, "an FR entry was found"),
+    _c("fr_n_entries", I64, "FR entries with this key (more than 1 for coalesced ops)"),
+    _c("fr_record_id", I64, "fr_entries.record_id"),
+    _c("fr_profiling_name", STR, "fr_entries.profiling_name"),
+    _c("fr_state", STR, "fr_entries.state"),
+    _c("fr_time_created_ns", I64, "fr_entries.time_created_ns", "ns"),
+    _c("fr_started_ns", I64, "fr_entries.time_discovered_started_ns", "ns"),
+    _c("fr_completed_ns", I64, "fr_entries.time_discovered_completed_ns", "ns"),
+    _c("fr_duration_ns", I64, "fr_entries.duration_ns", "ns"),
+    _c("fr_input_sizes", STR, "fr_entries.input_sizes"),
+    _c("fr_frames_json", STR, "fr_entries.frames_json: the Python stack of the call"),
+))
+
+
 def empty_table(table: Table) -> pa.Table:
     return table.arrow_schema.empty_table()
 
@@ -194,8 +347,105 @@ def describe() -> str:
     lines = [f"# traceanalyzer store schema {SCHEMA_VERSION}", "",
              "Every per-rank table also has the Hive partition columns `run` (VARCHAR), `rank` (INTEGER, the global "
              "rank) and `window_id` (INTEGER, the profiling window of that rank; `window` is an SQL keyword).", ""]
-    for t in list(TABLES.values()) + [RUNS]:
-        lines += [f"## {t.name}", "", t.doc, "", "| column | type | unit | meaning |", "|---|---|---|---|"]
+    for t in list(TABLES.values()) + [RUNS, COMMS_FR]:
+        lines += [f"## {t.name}", "", t.doc, ""]
+        if t.partition != ("run", "rank", "window_id") and t not in (RUNS, COMMS_FR):
+            lines += [f"Partitioned by {', '.join(f'`{k}`' for k in t.partition)} only (one per process, not per trace file).", ""]
+        lines += ["| column | type | unit | meaning |", "|---|---|---|---|"]
         lines += [f"| {c.name} | {c.type} | {c.unit} | {c.doc} |" for c in t.columns]
         lines.append("")
     return "\n".join(lines)
+
+
+# -- Analysis results -------------------------------------------------------------------------
+# What `traceanalyzer analyze` saves in the store (STORE/_results/<name>/run=R/part-G.parquet) and
+# prints with --json. Each is the output of one SQL view of traceanalyzer/analyses/sql/; the view's
+# columns must be exactly these (a test checks it). Bump RESULTS_VERSION when one changes.
+
+RESULTS_VERSION = "1.0"
+
+
+def _r(name: str, doc: str, cols: list[tuple]) -> Table:
+    return Table(name, doc, tuple(Column(n, t, d, u) for n, t, u, d in cols), partition=())
+
+
+_RUN_RANK = [("run", STR, "", "run name"), ("rank", I32, "", "global rank")]
+_NS = "ns"
+
+RESULTS: dict[str, Table] = {t.name: t for t in (
+    _r("clock_offsets", "Per-rank clock offset estimated from collective completions, and whether it is applied.", _RUN_RANK + [
+        ("estimated_offset_ns", I64, _NS, "minus the median of (this rank's end - the collective's median end)"),
+        ("n_collectives", I64, "", "collectives used"),
+        ("applied", BOOL, "", "applied to timestamps (several hosts, or align_clocks=always)"),
+        ("offset_ns", I64, _NS, "offset added to this rank's timestamps")]),
+    _r("collectives", "One row per logical collective joined across the ranks of its group.", [
+        ("run", STR, "", "run name"), ("pg", STR, "", "process group name ('?' when unknown)"),
+        ("seq", I64, "", "sequence index within the group"), ("op", STR, "", "normalised op"),
+        ("step", I32, "", "most common ProfilerStep of its ranks"), ("n_ranks", I64, "", "ranks seen"),
+        ("group_size", I32, "", "members of the group"), ("complete", BOOL, "", "every member seen"),
+        ("bytes", I64, "bytes", "bytes as nccl-tests counts them (all_gather output, reduce_scatter input)"),
+        ("first_arrival_ns", I64, _NS, "earliest arrival"), ("last_arrival_ns", I64, _NS, "latest arrival"),
+        ("arrival_skew_ns", I64, _NS, "latest - earliest arrival"), ("last_arriver", I32, "", "rank that arrived last"),
+        ("transfer_ns", I64, _NS, "earliest end - latest arrival (>= 0)"),
+        ("total_wait_ns", I64, _NS, "sum over ranks of (latest arrival - own arrival)"),
+        ("algbw_gbps", F64, "GB/s", "bytes / transfer time"), ("busbw_gbps", F64, "GB/s", "algbw x NCCL bus factor")]),
+    _r("stragglers", "Ranks that cost their peers time and were slower on their own, ranked by cost.", _RUN_RANK + [
+        ("delay_ns_per_step", F64, _NS, "median over steps of the wait it imposed per peer"),
+        ("delay_pct", F64, "%", "delay as % of the median step time"),
+        ("imposed_wait_ns_per_step", F64, _NS, "median over steps of the waits it imposed, summed over peers"),
+        ("steps", I64, "", "steps in the window"), ("steps_flagged", I64, "", "steps above the thresholds"),
+        ("pattern", STR, "", "persistent or sporadic"), ("phase", STR, "", "phase where it was slower than its peers"),
+        ("phase_excess_ns_per_step", F64, _NS, "median excess over its peers in that phase"),
+        ("rank_order", I64, "", "1 = costliest")]),
+    _r("phases", "Forward / backward / sync / optimizer time per rank and step.", _RUN_RANK + [
+        ("step", I32, "", "ProfilerStep"), ("step_start_ns", I64, _NS, "step start"), ("step_end_ns", I64, _NS, "step end"),
+        ("step_ns", I64, _NS, "step duration"), ("forward_ns", I64, _NS, "forward"), ("backward_ns", I64, _NS, "backward"),
+        ("sync_ns", I64, _NS, "wait for the last gradient collectives"), ("optimizer_ns", I64, _NS, "optimizer"),
+        ("data_loading_ns", I64, _NS, "DataLoader time")]),
+    _r("overlap", "Communication/computation overlap per rank (HTA's definition).", _RUN_RANK + [
+        ("comm_ns", I64, _NS, "merged communication time"), ("overlapped_ns", I64, _NS, "communication while compute ran"),
+        ("exposed_ns", I64, _NS, "communication with no compute"), ("overlap_pct", F64, "%", "overlapped / comm")]),
+    _r("exposed_comm", "Exposed communication intervals, largest first.", _RUN_RANK + [
+        ("window_id", I32, "", "profiling window"), ("step", I32, "", "ProfilerStep"),
+        ("lo_ns", I64, _NS, "interval start"), ("hi_ns", I64, _NS, "interval end"), ("exposed_ns", I64, _NS, "length"),
+        ("op", STR, "", "collective covering most of it"), ("pg", STR, "", "its process group"), ("seq", I64, "", "its seq"),
+        ("bytes", I64, "bytes", "its size"), ("comm_name", STR, "", "kernel or span name"),
+        ("compute_before", STR, "", "compute that ended last before it"), ("compute_after", STR, "", "compute that started first after it"),
+        ("rank_order", I64, "", "1 = longest")]),
+    _r("temporal_breakdown", "Compute / exposed communication / memory / idle per rank and step over merged intervals.", _RUN_RANK + [
+        ("step", I32, "", "ProfilerStep"), ("span_ns", I64, _NS, "first to last activity"),
+        ("compute_ns", I64, _NS, "compute"), ("comm_ns", I64, _NS, "communication with no compute"),
+        ("memory_ns", I64, _NS, "memcpy/memset with nothing else"), ("idle_ns", I64, _NS, "nothing running"),
+        ("compute_pct", F64, "%", "of span"), ("comm_pct", F64, "%", "of span"), ("memory_pct", F64, "%", "of span"),
+        ("idle_pct", F64, "%", "of span")]),
+    _r("kernel_breakdown", "Top kernels (GPU) or CPU operators per rank and category.", _RUN_RANK + [
+        ("category", STR, "", "compute, comm or memory"), ("name", STR, "", "kernel or operator name"),
+        ("count", I64, "", "occurrences"), ("total_ns", I64, _NS, "total time"), ("mean_ns", F64, _NS, "mean"),
+        ("max_ns", I64, _NS, "longest"), ("pct_of_category", F64, "%", "share of its category's time"),
+        ("rank_in_category", I64, "", "1 = most time")]),
+    _r("imbalance", "Per rank: compute relative to the mean of the ranks (median over steps).", _RUN_RANK + [
+        ("compute_ns_per_step", F64, _NS, "median compute per step"), ("ratio_to_mean", F64, "", "compute / mean of ranks"),
+        ("excess_ns_per_step", F64, _NS, "compute - mean of ranks"), ("excess_pct", F64, "%", "excess as % of the median step time"),
+        ("steps", I64, "", "steps"), ("steps_max", I64, "", "steps in which it did the most work"),
+        ("is_finding", BOOL, "", "above the thresholds"), ("rank_order", I64, "", "1 = most excess work")]),
+    _r("all_to_all_balance", "MoE routing: all_to_all bytes per rank.", _RUN_RANK + [
+        ("n_all_to_all", I64, "", "all_to_all ops"), ("sent_bytes", I64, "bytes", "bytes sent"),
+        ("recv_bytes", I64, "bytes", "bytes received"), ("sent_over_mean", F64, "", "sent / mean of ranks"),
+        ("recv_over_mean", F64, "", "received / mean of ranks")]),
+    _r("seqlen_signal", "Sequence-length imbalance signal: forward/backward correlation across steps.", _RUN_RANK + [
+        ("steps", I64, "", "steps"), ("fwd_bwd_corr", F64, "", "Pearson correlation"), ("signal", BOOL, "", "above seqlen_min_corr")]),
+    _r("launch_stats", "CPU->GPU launch statistics per rank.", _RUN_RANK + [
+        ("launches", I64, "", "GPU operations joined to their launch call"),
+        ("mean_launch_delay_ns", F64, _NS, "mean of GPU start - end of the launch call (clipped at 0)"),
+        ("median_launch_delay_ns", F64, _NS, "median launch delay"), ("p95_launch_delay_ns", F64, _NS, "95th percentile"),
+        ("max_launch_delay_ns", I64, _NS, "largest"), ("mean_launch_dur_ns", F64, _NS, "mean launch call duration"),
+        ("mean_gpu_dur_ns", F64, _NS, "mean GPU duration"),
+        ("short_kernels", I64, "", "GPU time shorter than the launch call (launch <= 50 us): launch-bound"),
+        ("launch_outliers", I64, "", "launch calls > 50 us"), ("delay_outliers", I64, "", "launch delays > 100 us")]),
+    _r("queue_length", "Launched-but-not-started GPU operations per stream.", _RUN_RANK + [
+        ("stream", I64, "", "GPU stream"), ("launches", I64, "", "launches"), ("max_queue", F64, "", "largest queue"),
+        ("mean_queue", F64, "", "time-weighted mean queue length")]),
+    _r("idle_breakdown", "Idle gaps between GPU operations per stream: host wait / kernel wait / other.", _RUN_RANK + [
+        ("stream", I64, "", "GPU stream"), ("category", STR, "", "host_wait, kernel_wait or other"),
+        ("idle_ns", F64, _NS, "idle time"), ("gaps", I64, "", "gaps"), ("idle_pct", F64, "%", "of the stream's span")]),
+)}

@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 #: SQL modules in dependency order.
-MODULES = ("clock_offsets", "collectives", "phases", "stragglers", "activity", "overlap", "breakdown", "imbalance")
+MODULES = ("clock_offsets", "collectives", "phases", "stragglers", "activity", "overlap", "breakdown", "imbalance", "gpu")
 
 #: Named parameters of the SQL modules: name -> (default, meaning). Units are in the names.
 PARAMETERS: dict[str, tuple[Any, str]] = {
@@ -30,6 +30,7 @@ PARAMETERS: dict[str, tuple[Any, str]] = {
     "imbalance_min_ratio": (1.1, "a rank is imbalanced when its compute is at least this times the mean of the ranks"),
     "imbalance_min_excess_pct": (5.0, "... and its excess over the mean is at least this % of the median step time"),
     "seqlen_min_corr": (0.9, "forward/backward correlation across steps that signals sequence-length imbalance"),
+    "idle_kernel_wait_ns": (30_000, "a gap between kernels of a stream shorter than this is 'kernel wait' (HTA: 30 us)"),
     "exposed_top": (20, "exposed-communication intervals kept per run by analyze"),
     "kernels_top": (10, "kernels/operators kept per rank and category by analyze"),
 }
@@ -141,3 +142,18 @@ def all_to_all_balance(store_or_con, run: str | None = None, **params) -> pd.Dat
 def seqlen_signal(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Per rank: correlation of forward and backward durations across steps (sequence-length signal)."""
     return _query(store_or_con, "SELECT * FROM seqlen_signal{where} ORDER BY run, rank", run, params)
+
+
+def launch_stats(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
+    """CPU->GPU launch delay statistics per rank (empty for CPU-only traces)."""
+    return _query(store_or_con, "SELECT * FROM launch_stats{where} ORDER BY run, rank", run, params)
+
+
+def queue_length(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
+    """Launched-but-not-started GPU operations per stream: max and time-weighted mean."""
+    return _query(store_or_con, "SELECT * FROM queue_length{where} ORDER BY run, rank, stream", run, params)
+
+
+def idle_breakdown(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
+    """Idle gaps per stream split into host wait / kernel wait / other (HTA's rule)."""
+    return _query(store_or_con, "SELECT * FROM idle_breakdown{where} ORDER BY run, rank, stream, category", run, params)

@@ -35,6 +35,9 @@ QUERIES: dict[str, str] = {
     "imbalance": "SELECT * FROM imbalance_ranks ORDER BY run, rank_order",
     "all_to_all_balance": "SELECT * FROM all_to_all_balance ORDER BY run, rank",
     "seqlen_signal": "SELECT * FROM seqlen_signal ORDER BY run, rank",
+    "launch_stats": "SELECT * FROM launch_stats ORDER BY run, rank",
+    "queue_length": "SELECT * FROM queue_length ORDER BY run, rank, stream",
+    "idle_breakdown": "SELECT * FROM idle_breakdown ORDER BY run, rank, stream, category",
 }
 assert set(QUERIES) == set(S.RESULTS), "every result table has a query and a schema"
 
