@@ -445,6 +445,15 @@ RESULTS: dict[str, Table] = {t.name: t for t in (
     _r("queue_length", "Launched-but-not-started GPU operations per stream.", _RUN_RANK + [
         ("stream", I64, "", "GPU stream"), ("launches", I64, "", "launches"), ("max_queue", F64, "", "largest queue"),
         ("mean_queue", F64, "", "time-weighted mean queue length")]),
+    _r("critical_path", "Cross-rank critical path of each step, one row per hop (latest first).", [
+        ("run", STR, "", "run name"), ("step", I32, "", "ProfilerStep"), ("hop", I64, "", "0 = the hop that ends the step"),
+        ("rank", I32, "", "rank whose own time this is"), ("lo_ns", I64, _NS, "hop start"), ("hi_ns", I64, _NS, "hop end"),
+        ("dur_ns", I64, _NS, "hop length"), ("via_pg", STR, "", "collective the path entered this rank through"),
+        ("via_seq", I64, "", "its seq")]),
+    _r("critical_path_summary", "Time on each step's critical path per rank and activity.", [
+        ("run", STR, "", "run name"), ("step", I32, "", "ProfilerStep"), ("rank", I32, "", "rank"),
+        ("label", STR, "", "compute, comm, memory or idle"), ("path_ns", F64, _NS, "time on the path"),
+        ("path_pct", F64, "%", "share of the path")]),
     _r("idle_breakdown", "Idle gaps between GPU operations per stream: host wait / kernel wait / other.", _RUN_RANK + [
         ("stream", I64, "", "GPU stream"), ("category", STR, "", "host_wait, kernel_wait or other"),
         ("idle_ns", F64, _NS, "idle time"), ("gaps", I64, "", "gaps"), ("idle_pct", F64, "%", "of the stream's span")]),

@@ -39,22 +39,38 @@ QUERIES: dict[str, str] = {
     "queue_length": "SELECT * FROM queue_length ORDER BY run, rank, stream",
     "idle_breakdown": "SELECT * FROM idle_breakdown ORDER BY run, rank, stream, category",
 }
-assert set(QUERIES) == set(S.RESULTS), "every result table has a query and a schema"
+def _critical_path(con, run):
+    from .critical_path import critical_path
+    return critical_path(con, run=run)
+
+
+def _critical_path_summary(con, run):
+    from .critical_path import critical_path_summary
+    return critical_path_summary(con, run=run)
+
+
+#: analyses computed in Python (over the same SQL views): name -> f(con, run) -> DataFrame.
+PRODUCERS = {"critical_path": _critical_path, "critical_path_summary": _critical_path_summary}
+ALL = list(QUERIES) + list(PRODUCERS)
+assert set(ALL) == set(S.RESULTS), "every result table has a query or producer and a schema"
 
 
 def compute(con, run: str | None = None, only: list[str] | None = None, **params) -> dict[str, pd.DataFrame]:
     """Run the analyses on an open store connection; returns name -> DataFrame (schema columns)."""
-    names = list(QUERIES) if not only else list(only)
-    unknown = [n for n in names if n not in QUERIES]
+    names = list(ALL) if not only else list(only)
+    unknown = [n for n in names if n not in ALL]
     if unknown:
-        raise TraceAnalyzerError(f"unknown analysis: {', '.join(unknown)}; known: {', '.join(QUERIES)}")
+        raise TraceAnalyzerError(f"unknown analysis: {', '.join(unknown)}; known: {', '.join(ALL)}")
     prepare(con, **params)
     out = {}
     for name in names:
-        sql = QUERIES[name]
-        if run is not None:
-            sql = f"SELECT * FROM ({sql}) WHERE run = $run"
-        df = con.execute(sql, {"run": run} if run is not None else {}).df()
+        if name in PRODUCERS:
+            df = PRODUCERS[name](con, run)
+        else:
+            sql = QUERIES[name]
+            if run is not None:
+                sql = f"SELECT * FROM ({sql}) WHERE run = $run"
+            df = con.execute(sql, {"run": run} if run is not None else {}).df()
         out[name] = _conform(name, df)
     return out
 
@@ -164,6 +180,11 @@ def format_text(results: dict[str, pd.DataFrame], params: dict) -> str:
             lines.append(f"collectives: {len(c)} joined across ranks ({int((~c['complete']).sum())} incomplete); "
                          f"median arrival skew {_ms(c['arrival_skew_ns'].median())}; most often last: rank {last.index[0]} "
                          f"({last.iloc[0]} times)")
+        if "critical_path_summary" in sel and not sel["critical_path_summary"].empty:
+            cp = sel["critical_path_summary"].groupby(["rank", "label"])["path_ns"].sum().sort_values(ascending=False)
+            total = cp.sum()
+            top = ", ".join(f"rank {r} {lab} {100 * v / total:.0f}%" for (r, lab), v in cp.head(3).items())
+            lines.append(f"critical path (all steps): {top}")
         if "temporal_breakdown" in sel and not sel["temporal_breakdown"].empty:
             t = sel["temporal_breakdown"]
             lines.append("time: compute {:.1f}%, exposed comm {:.1f}%, memory {:.1f}%, idle {:.1f}% (mean over ranks and steps)".format(
