@@ -46,10 +46,11 @@ def test_run_manifest(clean_run):
     assert m["world_size"] == WORLD
     assert m["backend"] == "gloo"
     assert m["torch_version"] == torch.__version__
-    assert m["layout"] == {"dp": WORLD, "tp": 1, "pp": 1}
+    assert m["layout"] == {"dp": WORLD, "tp": 1, "pp": 1, "ep": 1, "cp": 1}
     gt = m["ground_truth"]
     assert gt["workload"] == "ddp" and gt["model"] == "mlp" and gt["overlap"] is True
     assert gt["slow_rank"] is None and gt["slow_ms"] == 0
+    assert gt["imbalance_rank"] is None and gt["imbalance_factor"] == 1.0
     assert {"steps", "bucket_mb"} <= gt.keys()
     assert [pg["ranks"] for pg in m["process_groups"]] == [list(range(WORLD))]
     assert m["rank_manifests"] == [f"rank{r}.manifest.json" for r in range(WORLD)]

@@ -1,9 +1,10 @@
-"""What every workload shares: options, process-group setup, the straggler fault."""
+"""What every workload shares: options, process-group setup, the injected faults, the layout."""
 
 from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -13,6 +14,7 @@ from traceanalyzer.collect import enable_flight_recorder
 BACKEND = "gloo"  # CPU-only reference runs
 DEFAULT_STEPS = 6  # wait 1 + warmup 1 + active 3 + 1 spare: exactly one profiling window
 MODELS = ("mlp", "transformer")
+DEFAULT_IMBALANCE_FACTOR = 2.0
 
 
 def add_common_args(p: argparse.ArgumentParser) -> None:
@@ -25,7 +27,12 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--slow-rank", type=int, default=None, help="rank to slow down (straggler)")
-    p.add_argument("--slow-ms", type=float, default=0.0, help="sleep per forward on --slow-rank")
+    p.add_argument("--slow-ms", type=float, default=0.0,
+                   help="sleep per forward on --slow-rank (pipeline: per micro-batch forward)")
+    p.add_argument("--imbalance-rank", type=int, default=None,
+                   help="rank given more work than the others (what 'more' is depends on the workload)")
+    p.add_argument("--imbalance-factor", type=float, default=DEFAULT_IMBALANCE_FACTOR,
+                   help="how much more work --imbalance-rank does (x the others')")
     # Profiler schedule (torch.profiler.schedule); repeat=1 keeps one window per run.
     p.add_argument("--prof-wait", type=int, default=1)
     p.add_argument("--prof-warmup", type=int, default=1)
@@ -48,13 +55,44 @@ def init_distributed(seed: int) -> tuple[int, int]:
     return rank, world
 
 
+def check_rank_flags(args: argparse.Namespace, world: int) -> None:
+    """A fault aimed at a rank that does not exist would silently give a clean run."""
+    for flag in ("slow_rank", "imbalance_rank"):
+        value = getattr(args, flag)
+        if value is not None and not 0 <= value < world:
+            raise SystemExit(f"--{flag.replace('_', '-')} {value}: not a rank of this "
+                             f"{world}-rank job")
+    if args.imbalance_factor <= 0:
+        raise SystemExit(f"--imbalance-factor must be > 0, got {args.imbalance_factor}")
+
+
 def straggler_delay_s(args: argparse.Namespace, rank: int) -> float:
     return args.slow_ms / 1000.0 if args.slow_rank == rank else 0.0
 
 
+def imbalance_factor(args: argparse.Namespace, rank: int) -> float:
+    """How much work this rank does relative to the others (1.0 unless it is --imbalance-rank)."""
+    return args.imbalance_factor if args.imbalance_rank == rank else 1.0
+
+
+def scaled(n: int, factor: float) -> int:
+    """`n` work units scaled by `factor`, at least 1."""
+    return max(1, round(n * factor))
+
+
 def fault_ground_truth(args: argparse.Namespace) -> dict:
+    imbalanced = args.imbalance_rank is not None and args.imbalance_factor != 1.0
     return {"slow_rank": args.slow_rank if args.slow_ms > 0 else None,
-            "slow_ms": args.slow_ms if args.slow_rank is not None else 0.0}
+            "slow_ms": args.slow_ms if args.slow_rank is not None else 0.0,
+            "imbalance_rank": args.imbalance_rank if imbalanced else None,
+            "imbalance_factor": args.imbalance_factor if imbalanced else 1.0}
+
+
+def layout(*, dp: int = 1, tp: int = 1, pp: int = 1, ep: int = 1, cp: int = 1,
+           **placement: Any) -> dict[str, Any]:
+    """The declared parallel layout for the manifest: every degree, plus where things live
+    (e.g. pipeline stages, experts) as lists indexed by stage/expert or by rank, JSON-safe."""
+    return {"dp": dp, "tp": tp, "pp": pp, "ep": ep, "cp": cp, **placement}
 
 
 class Straggler(torch.nn.Module):
@@ -69,7 +107,7 @@ class Straggler(torch.nn.Module):
         self.model = model
         self.delay_s = delay_s
 
-    def forward(self, x):
+    def forward(self, *inputs):
         if self.delay_s > 0:
             time.sleep(self.delay_s)
-        return self.model(x)
+        return self.model(*inputs)

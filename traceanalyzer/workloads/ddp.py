@@ -1,4 +1,8 @@
-"""DDP data-parallel training on gloo (CPU), optionally with a straggler or without overlap."""
+"""DDP data-parallel training on gloo (CPU), optionally with a straggler, imbalance or without overlap.
+
+--imbalance-rank R --imbalance-factor F: rank R trains on F x the batch (mlp) or
+F x the sequence length (transformer), so its compute, not its gradients, grows.
+"""
 
 from __future__ import annotations
 
@@ -24,6 +28,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> None:
     rank, world = common.init_distributed(args.seed)
+    common.check_rank_flags(args, world)
+    work = common.imbalance_factor(args, rank)
     model = common.Straggler(models.build(args.model), common.straggler_delay_s(args, rank))
     ddp = DDP(model, bucket_cap_mb=args.bucket_mb)
     opt = torch.optim.SGD(ddp.parameters(), lr=LR)
@@ -32,11 +38,11 @@ def run(args: argparse.Namespace) -> None:
     ground_truth = {"workload": "ddp", "model": args.model, "steps": args.steps,
                     "bucket_mb": args.bucket_mb, "overlap": overlap, "batch": models.BATCH,
                     **common.fault_ground_truth(args)}
-    layout = {"dp": world, "tp": 1, "pp": 1}
+    layout = common.layout(dp=world)
     with collect.profile(**common.profile_kwargs(args), layout=layout,
                          ground_truth=ground_truth) as prof:
         for _ in range(args.steps):
-            x, y = models.batch(args.model, data)
+            x, y = models.skewed_batch(args.model, data, work)
             opt.zero_grad(set_to_none=True)
             # no_sync() keeps DDP from reducing during backward; we then reduce afterwards.
             with contextlib.nullcontext() if overlap else ddp.no_sync():

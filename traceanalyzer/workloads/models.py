@@ -24,21 +24,66 @@ def build(name: str) -> nn.Module:
     raise ValueError(f"unknown model {name!r}")
 
 
+def _encoder_layer() -> nn.Module:
+    return nn.TransformerEncoderLayer(TF_DIM, TF_HEADS, dim_feedforward=4 * TF_DIM,
+                                      batch_first=True)
+
+
 class TinyTransformer(nn.Module):
     def __init__(self):
         super().__init__()
-        layer = nn.TransformerEncoderLayer(TF_DIM, TF_HEADS, dim_feedforward=4 * TF_DIM,
-                                           batch_first=True)
-        self.encoder = nn.TransformerEncoder(layer, TF_LAYERS, enable_nested_tensor=False)
+        self.encoder = nn.TransformerEncoder(_encoder_layer(), TF_LAYERS, enable_nested_tensor=False)
         self.head = nn.Linear(TF_DIM, CLASSES)
 
     def forward(self, x):
         return self.head(self.encoder(x).mean(dim=1))
 
 
-def batch(name: str, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Synthetic (inputs, labels); each rank passes its own generator, so data differs per rank."""
-    shape = (BATCH, MLP_IN) if name == "mlp" else (BATCH, TF_SEQ, TF_DIM)
+class Head(nn.Module):
+    """Mean over the sequence, then classify (the last pipeline stage of the transformer)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(TF_DIM, CLASSES)
+
+    def forward(self, x):
+        return self.linear(x.mean(dim=1))
+
+
+def stage_module(name: str, stage: int, n_stages: int, layers: int) -> nn.Module:
+    """Pipeline stage `stage` of `n_stages`: `layers` hidden layers (mlp: Linear+ReLU,
+    transformer: encoder layers), plus the input projection on the first stage (mlp)
+    and the classifier on the last. Stages pass (rows, MLP_HIDDEN) or (rows, TF_SEQ, TF_DIM)."""
+    parts: list[nn.Module] = []
+    if name == "mlp":
+        width = MLP_IN if stage == 0 else MLP_HIDDEN
+        for _ in range(layers):
+            parts += [nn.Linear(width, MLP_HIDDEN), nn.ReLU()]
+            width = MLP_HIDDEN
+        if stage == n_stages - 1:
+            parts.append(nn.Linear(MLP_HIDDEN, CLASSES))
+    elif name == "transformer":
+        parts = [_encoder_layer() for _ in range(layers)]
+        if stage == n_stages - 1:
+            parts.append(Head())
+    else:
+        raise ValueError(f"unknown model {name!r}")
+    return nn.Sequential(*parts)
+
+
+def batch(name: str, generator: torch.Generator, rows: int = BATCH,
+          seq: int = TF_SEQ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Synthetic (inputs, labels); each rank passes its own generator, so data differs per rank.
+    `rows`/`seq` let a workload give one rank more work (batch or sequence-length skew)."""
+    shape = (rows, MLP_IN) if name == "mlp" else (rows, seq, TF_DIM)
     x = torch.randn(shape, generator=generator)
-    y = torch.randint(0, CLASSES, (BATCH,), generator=generator)
+    y = torch.randint(0, CLASSES, (rows,), generator=generator)
     return x, y
+
+
+def skewed_batch(name: str, generator: torch.Generator, factor: float,
+                 rows: int = BATCH) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch `factor` x the work: more rows for the mlp, longer sequences for the transformer."""
+    if name == "mlp":
+        return batch(name, generator, rows=max(1, round(rows * factor)))
+    return batch(name, generator, rows=rows, seq=max(1, round(TF_SEQ * factor)))

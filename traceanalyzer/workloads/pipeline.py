@@ -1,0 +1,146 @@
+"""Pipeline-parallel training (torch.distributed.pipelining) on gloo: GPipe, 1F1B, Interleaved1F1B.
+
+One pipeline over all ranks (pp = world size, no data parallelism). Stage s runs on
+rank s % world: one stage per rank for gpipe/1f1b, `--stages-per-rank v` stages per
+rank (s, s + world, ...) for interleaved1f1b, as ScheduleInterleaved1F1B expects.
+Activations and gradients move between neighbouring stages as gloo p2p: `c10d::send`
+/ `c10d::recv_` enqueue ops on the caller thread with `gloo:send` / `gloo:recv` spans
+on the same thread (record_shapes=True, the collector's default, keeps the tensor
+shapes; the peer and tag are the ops' Concrete Inputs).
+
+What each schedule emits into the trace in torch 2.13 (checked in recorded traces;
+the source is torch/distributed/pipelining/schedules.py):
+  * gpipe: `record_function` ranges "Forward {mb}" and "Backward {mb}" around each
+    micro-batch's recv + compute + send (ScheduleGPipe._step_microbatches).
+  * 1f1b: no schedule annotations at all (Schedule1F1B._step_microbatches uses none);
+    micro-batches are visible only through the stage's own ops and the p2p.
+  * interleaved1f1b: one range per schedule action, "PP:" + str(_Action):
+    "PP:{stage}F{mb}" / "PP:{stage}B{mb}" for compute (the F/B range also holds the
+    wait for that micro-batch's recv), "PP:{stage}SEND_F{mb}", "PP:{stage}RECV_F{mb}",
+    "PP:{stage}SEND_B{mb}", "PP:{stage}RECV_B{mb}" for posting p2p, and once per
+    stage and step "PP:{stage}UNSHARD", "PP:{stage}RESHARD" (no-ops without FSDP)
+    and "PP:{stage}REDUCE_GRAD" (_PipelineScheduleRuntime._step_microbatches).
+  Every schedule's first step also runs the stages' warm-up vote (blocking
+  send/recv of one int32) and, without static shapes, a metadata exchange; both
+  fall in the collector's `wait` step, outside the profiled window.
+
+Where the waiting shows on gloo (torch 2.13, seen in these traces): an irecv blocks
+inside its `c10d::recv_` op until the data is there, and the `gloo:recv` span only
+starts after it (tens of us); a send's `gloo:send` span lasts until the peer has
+taken the data, and `c10d::send` itself can block for ms when the pair is busy.
+The Flight Recorder records no gloo p2p (only collectives), so p2p ops have no FR
+sequence id; they are matched by (src, dst, tag) order instead.
+
+Faults (ground truth in the manifest):
+  --slow-stage S --slow-ms MS   stage S sleeps MS in every micro-batch forward
+  --slow-rank R --slow-ms MS    every stage on rank R does so
+  --imbalance-rank R --imbalance-factor F
+                                the stages on rank R get F x --layers-per-stage
+                                layers (an uneven partition of the model)
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.distributed as dist
+from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
+                                          ScheduleInterleaved1F1B)
+
+from traceanalyzer import collect
+from traceanalyzer.workloads import common, models
+
+SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B,
+             "interleaved1f1b": ScheduleInterleaved1F1B}
+#: Names of the schedule's own trace annotations (see the module docstring).
+ANNOTATIONS = {"gpipe": "Forward {mb} / Backward {mb}", "1f1b": None,
+               "interleaved1f1b": "PP:{stage}{action}{mb}"}
+DEFAULT_SCHEDULE = "1f1b"
+DEFAULT_MICROBATCHES = 4  # 1F1B needs at least as many micro-batches as stages
+DEFAULT_MICROBATCH_ROWS = 8
+DEFAULT_LAYERS_PER_STAGE = 1
+LR = 0.01
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--schedule", choices=sorted(SCHEDULES), default=DEFAULT_SCHEDULE)
+    p.add_argument("--microbatches", type=int, default=DEFAULT_MICROBATCHES)
+    p.add_argument("--microbatch-rows", type=int, default=DEFAULT_MICROBATCH_ROWS,
+                   help="rows (samples) per micro-batch; the step's batch is microbatches x this")
+    p.add_argument("--stages-per-rank", type=int, default=1,
+                   help="stages on each rank (more than 1 only for interleaved1f1b)")
+    p.add_argument("--layers-per-stage", type=int, default=DEFAULT_LAYERS_PER_STAGE)
+    p.add_argument("--slow-stage", type=int, default=None,
+                   help="stage that sleeps --slow-ms in every micro-batch forward")
+
+
+def stage_to_rank(n_stages: int, world: int) -> list[int]:
+    """Rank of each stage: round robin, which is 1 stage per rank when n_stages == world
+    and the looped placement ScheduleInterleaved1F1B computes otherwise."""
+    return [s % world for s in range(n_stages)]
+
+
+def _check(args: argparse.Namespace, world: int) -> int:
+    common.check_rank_flags(args, world)
+    if args.stages_per_rank < 1 or (args.stages_per_rank > 1 and args.schedule != "interleaved1f1b"):
+        raise SystemExit(f"--stages-per-rank {args.stages_per_rank}: only interleaved1f1b "
+                         "runs more than one stage per rank")
+    n_stages = world * args.stages_per_rank
+    if args.slow_stage is not None and not 0 <= args.slow_stage < n_stages:
+        raise SystemExit(f"--slow-stage {args.slow_stage}: the pipeline has {n_stages} stages")
+    return n_stages
+
+
+def run(args: argparse.Namespace) -> None:
+    rank, world = common.init_distributed(args.seed)
+    n_stages = _check(args, world)
+    placement = stage_to_rank(n_stages, world)
+    mine = [s for s in range(n_stages) if placement[s] == rank]
+    layers = {s: common.scaled(args.layers_per_stage,
+                               common.imbalance_factor(args, placement[s]))
+              for s in range(n_stages)}
+    slow_s = args.slow_ms / 1000.0
+    stages, params = [], []
+    for s in mine:
+        torch.manual_seed(args.seed + s)  # a stage's weights don't depend on the placement
+        module = models.stage_module(args.model, s, n_stages, layers[s])
+        delay = slow_s if s == args.slow_stage or rank == args.slow_rank else 0.0
+        module = common.Straggler(module, delay)  # sleeps once per micro-batch forward
+        params += list(module.parameters())
+        stages.append(PipelineStage(module, s, n_stages, torch.device("cpu")))
+    schedule_cls = SCHEDULES[args.schedule]
+    loss_fn = torch.nn.functional.cross_entropy
+    schedule = (schedule_cls(stages, args.microbatches, loss_fn=loss_fn)
+                if args.schedule == "interleaved1f1b"
+                else schedule_cls(stages[0], args.microbatches, loss_fn=loss_fn))
+    opt = torch.optim.SGD(params, lr=LR)
+    data = torch.Generator().manual_seed(args.seed + 1)  # first and last stage draw the same batch
+    has_first, has_last = 0 in mine, n_stages - 1 in mine
+
+    ground_truth = {
+        "workload": "pipeline", "model": args.model, "steps": args.steps,
+        "schedule": args.schedule, "schedule_class": schedule_cls.__name__,
+        "schedule_annotations": ANNOTATIONS[args.schedule],
+        "microbatches": args.microbatches, "microbatch_rows": args.microbatch_rows,
+        "n_stages": n_stages, "stages_per_rank": args.stages_per_rank,
+        "layers_per_stage": [layers[s] for s in range(n_stages)],  # stage -> rank: see layout
+        **common.fault_ground_truth(args)}
+    slow_stages = [s for s in range(n_stages) if args.slow_ms > 0
+                   and (s == args.slow_stage or placement[s] == args.slow_rank)]
+    ground_truth.update(slow_stage=args.slow_stage if args.slow_ms > 0 else None,
+                        slow_stages=slow_stages, slow_ms=args.slow_ms if slow_stages else 0.0)
+    layout = common.layout(pp=world, stages=n_stages, stage_to_rank=placement,
+                           rank_to_stages=[[s for s in range(n_stages) if placement[s] == r]
+                                           for r in range(world)])
+    with collect.profile(**common.profile_kwargs(args), layout=layout,
+                         ground_truth=ground_truth) as prof:
+        for _ in range(args.steps):
+            x, y = models.batch(args.model, data, rows=args.microbatches * args.microbatch_rows)
+            opt.zero_grad(set_to_none=True)
+            losses: list[torch.Tensor] = []
+            schedule.step(*([x] if has_first else []), target=y if has_last else None,
+                          losses=losses if has_last else None)
+            opt.step()
+            prof.step()
+    dist.destroy_process_group()
