@@ -117,6 +117,32 @@ def _first_tensor(args: dict) -> tuple[int | None, str | None]:
     return None, None
 
 
+#: c10d enqueue ops whose first two tensor arguments are (output, input): sizes come from there.
+_OUT_IN_OPS = {"c10d::alltoall_base_", "c10d::_allgather_base_", "c10d::_reduce_scatter_base_", "c10d::allgather_",
+               "c10d::reduce_scatter_", "c10d::allgather_into_tensor_coalesced_",
+               "c10d::reduce_scatter_tensor_coalesced_", "c10d::alltoall_"}
+
+
+def _enqueue_io(enqueue: dict | None) -> tuple:
+    """(in_nelems, out_nelems, dtype, in_splits, out_splits) from the enqueue op's recorded shapes,
+    for ops whose signature starts (output, input); splits (rows per peer, as the caller passed
+    them) from ``Concrete Inputs`` of alltoall_base_. Nones when not recorded."""
+    if not enqueue or enqueue["name"] not in _OUT_IN_OPS:
+        return None, None, None, None, None
+    args = enqueue.get("args") or {}
+    dims = args.get("Input Dims") or []
+    types = args.get("Input type") or []
+    if len(dims) < 2:
+        return None, None, None, None, None
+    out_n, in_n = _numel(dims[0]), _numel(dims[1])
+    dtype = next((t for t in types[:2] if t not in ("TensorList", "", "Scalar", "ScalarList", None)), None)
+    in_splits = out_splits = None
+    concrete = args.get("Concrete Inputs") or []
+    if enqueue["name"] == "c10d::alltoall_base_" and len(concrete) > 4:
+        out_splits, in_splits = _split(concrete[3]), _split(concrete[4])
+    return in_n, out_n, dtype, in_splits, out_splits
+
+
 def _int(value) -> int | None:
     if isinstance(value, bool) or value is None:
         return None
@@ -329,10 +355,14 @@ class _Context:
             row.update(nccl_seq=seq)
         in_n, out_n = _int(args.get("In msg nelems")), _int(args.get("Out msg nelems"))
         dtype = args.get("dtype")
+        io_in, io_out, io_dtype, io_in_splits, io_out_splits = _enqueue_io(enqueue)
         if in_n is None:
             in_n, dtype2 = _first_tensor(anchor["args"])
-            dtype = dtype or dtype2
-        row.update(in_split_sizes=_split(args.get("In split size")), out_split_sizes=_split(args.get("Out split size")))
+            in_n = io_in if io_in is not None else in_n
+            out_n = io_out if out_n is None else out_n
+            dtype = dtype or dtype2 or io_dtype
+        row.update(in_split_sizes=_split(args.get("In split size")) or io_in_splits,
+                   out_split_sizes=_split(args.get("Out split size")) or io_out_splits)
         self._set_sizes(row, in_n, out_n, dtype)
         if row["is_p2p"]:
             self._set_peer(row, enqueue)
@@ -394,7 +424,9 @@ class _Context:
             n, dtype = _first_tensor(span["args"]) if span else (None, None)
             if n is None:
                 n, dtype = _first_tensor(a["args"])
-            self._set_sizes(row, n, None, dtype)
+            in_n, out_n, io_dtype, in_splits, out_splits = _enqueue_io(a)
+            row.update(in_split_sizes=in_splits, out_split_sizes=out_splits)
+            self._set_sizes(row, in_n if in_n is not None else n, out_n, dtype or io_dtype)
             if row["is_p2p"]:
                 self._set_peer(row, a)
             rows.append(row)
