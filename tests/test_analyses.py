@@ -203,3 +203,41 @@ def test_critical_path_runs_through_the_slow_rank(slow2):
         idle2 = g[(g["rank"] == 2) & (g["label"] == "idle")]["path_ns"].sum()
         assert 18e6 < idle2 < 23e6, (step, idle2)
         assert abs(g["path_pct"].sum() - 100) < 1e-6
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory):
+    store = tmp_path_factory.mktemp("pp") / "s"
+    for run in ("pp_1f1b_4rank", "pp_1f1b_4rank_slow2"):
+        ta.ingest([TRACES / run], store, run=run)
+    return store
+
+
+def test_pipeline_shape_is_detected(pipeline):
+    """4 stages, 8 micro-batches, 1F1B (no schedule annotations): (p-1)/(m+p-1) = 3/11."""
+    shape = analyses.pipeline_shape(pipeline).set_index("run")
+    for run in ("pp_1f1b_4rank", "pp_1f1b_4rank_slow2"):
+        row = shape.loc[run]
+        assert (row["n_stages"], row["stages_per_rank"], row["microbatches"], row["schedule"]) == (4, 1, 8, "1f1b")
+        assert row["theoretical_bubble_pct"] == pytest.approx(100 * 3 / 11)
+
+
+def test_bubbles_partition_each_step(pipeline):
+    b = analyses.bubbles(pipeline)
+    assert len(b) == 2 * 4 * 3  # runs x stages x steps
+    parts = b["busy_ns"] + b["warmup_ns"] + b["cooldown_ns"] + b["stall_ns"] + b["other_idle_ns"]
+    assert (parts == b["step_ns"]).all()
+    # stage order follows the pipeline: rank s holds stage s in these runs
+    assert (b["rank"] == b["stage"]).all()
+
+
+def test_slow_stage_found_first_and_clean_pipeline_has_none(pipeline):
+    slow = analyses.slow_stages(pipeline)
+    found = slow[slow["is_finding"]]
+    assert list(zip(found["run"], found["stage"], found["rank_order"])) == [("pp_1f1b_4rank_slow2", 2, 1)]
+    top = found.iloc[0]
+    # stage 2 sleeps 10 ms in each of its 8 micro-batch forwards: about 80 ms of its own time per step
+    assert 60e6 < top["excess_ns_per_step"] < 95e6
+    # the stages that waited for it charge it the most stall time
+    causes = analyses.stall_causes(pipeline, run="pp_1f1b_4rank_slow2")
+    assert causes.iloc[0]["rank"] == 2

@@ -143,7 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--only", help="comma-separated analyses (default: all): " + ", ".join(
         ["clock_offsets", "collectives", "stragglers", "phases", "overlap", "exposed_comm", "temporal_breakdown",
          "kernel_breakdown", "imbalance", "all_to_all_balance", "seqlen_signal", "launch_stats", "queue_length",
-         "idle_breakdown", "critical_path", "critical_path_summary"]))
+         "idle_breakdown", "pipeline_shape", "pipeline_bubbles", "pipeline_slow_stages", "critical_path",
+         "critical_path_summary"]))
     s.add_argument("--set", action="append", metavar="NAME=VALUE", help="analysis parameter (repeatable); see `traceanalyzer analyze --help-params`")
     s.add_argument("--json", action="store_true", help="print one JSON document (keys from the schema, with versions)")
     s.add_argument("--no-save", action="store_true", help="do not save the results in the store")

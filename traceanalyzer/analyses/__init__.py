@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 #: SQL modules in dependency order.
-MODULES = ("clock_offsets", "collectives", "phases", "stragglers", "activity", "overlap", "breakdown", "imbalance", "gpu")
+MODULES = ("clock_offsets", "collectives", "phases", "stragglers", "activity", "overlap", "breakdown", "imbalance", "gpu", "bubbles", "hta_compat")
 
 #: Named parameters of the SQL modules: name -> (default, meaning). Units are in the names.
 PARAMETERS: dict[str, tuple[Any, str]] = {
@@ -31,6 +31,7 @@ PARAMETERS: dict[str, tuple[Any, str]] = {
     "imbalance_min_excess_pct": (5.0, "... and its excess over the mean is at least this % of the median step time"),
     "seqlen_min_corr": (0.9, "forward/backward correlation across steps that signals sequence-length imbalance"),
     "idle_kernel_wait_ns": (30_000, "a gap between kernels of a stream shorter than this is 'kernel wait' (HTA: 30 us)"),
+    "slow_stage_min_excess_pct": (10.0, "a pipeline stage is slow when its own time exceeds the other stages' median by this % of the step"),
     "exposed_top": (20, "exposed-communication intervals kept per run by analyze"),
     "kernels_top": (10, "kernels/operators kept per rank and category by analyze"),
 }
@@ -157,3 +158,62 @@ def queue_length(store_or_con, run: str | None = None, **params) -> pd.DataFrame
 def idle_breakdown(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Idle gaps per stream split into host wait / kernel wait / other (HTA's rule)."""
     return _query(store_or_con, "SELECT * FROM idle_breakdown{where} ORDER BY run, rank, stream, category", run, params)
+
+
+# -- HTA compatibility (sql/hta_compat.sql) ------------------------------------------------------
+# HTA 0.5.0's numbers reproduced from the store, per trace file (run, rank, window_id), in µs; see
+# tests/reference/HTA_DEFINITIONS.md for HTA's rules and tests/reference/DEVIATIONS.md for how our
+# own analyses above differ from them.
+
+def hta_temporal_breakdown(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
+    """HTA's get_temporal_breakdown: kernel, idle, compute and non-compute time (µs, % of kernel time)."""
+    return _query(store_or_con, "SELECT * FROM hta_temporal_breakdown{where} ORDER BY run, rank, window_id", run, params)
+
+
+def hta_overlap(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
+    """HTA's get_comm_comp_overlap: % of the merged NCCL time during which compute kernels run."""
+    return _query(store_or_con, "SELECT * FROM hta_overlap{where} ORDER BY run, rank, window_id", run, params)
+
+
+def hta_kernel_type_breakdown(store_or_con, run: str | None = None, all_ranks: bool = False,
+                              **params) -> pd.DataFrame:
+    """HTA's kernel-type (Venn) table per trace file, or summed over the run's ranks as HTA
+    publishes it (``all_ranks=True``)."""
+    if all_ranks:
+        return _query(store_or_con, "SELECT * FROM hta_kernel_type_all_ranks{where} ORDER BY run, sum_us DESC",
+                      run, params)
+    return _query(store_or_con, "SELECT * FROM hta_kernel_type_breakdown{where} "
+                  "ORDER BY run, rank, window_id, sum_us DESC", run, params)
+
+
+def hta_kernel_stats(store_or_con, run: str | None = None, top: int | None = None, **params) -> pd.DataFrame:
+    """HTA's per-kernel table (sum/max/min/mean/std µs per name and kernel type, all streams pooled),
+    with a count; ``top`` keeps the first names of each type."""
+    df = _query(store_or_con, "SELECT * FROM hta_kernel_stats{where} "
+                "ORDER BY run, rank, window_id, kernel_type, rank_in_type", run, params)
+    return df if top is None else df[df["rank_in_type"] <= int(top)].reset_index(drop=True)
+
+
+def hta_window(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
+    """The window HTA analyses per trace file: µs rounding, ProfilerStep names, last-step cut."""
+    return _query(store_or_con, "SELECT * FROM hta_window{where} ORDER BY run, rank, window_id", run, params)
+
+
+def bubbles(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
+    """Pipeline bubbles per stage and step: warm-up, cool-down, stalls (by cause), theoretical share."""
+    return _query(store_or_con, "SELECT * FROM pipeline_bubbles{where} ORDER BY run, step, stage", run, params)
+
+
+def pipeline_shape(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
+    """Detected pipeline: stages, stages per rank, micro-batches, schedule, theoretical bubble %."""
+    return _query(store_or_con, "SELECT * FROM pipeline_shape{where} ORDER BY run", run, params)
+
+
+def stall_causes(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
+    """Which stage held the others up: stall time charged to each rank per step, worst first."""
+    return _query(store_or_con, "SELECT * FROM pipeline_stall_causes{where} ORDER BY run, rank_order", run, params)
+
+
+def slow_stages(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
+    """Pipeline stages whose own time exceeds the others' (findings flagged), largest excess first."""
+    return _query(store_or_con, "SELECT * FROM pipeline_slow_stages{where} ORDER BY run, rank_order", run, params)

@@ -38,6 +38,9 @@ QUERIES: dict[str, str] = {
     "launch_stats": "SELECT * FROM launch_stats ORDER BY run, rank",
     "queue_length": "SELECT * FROM queue_length ORDER BY run, rank, stream",
     "idle_breakdown": "SELECT * FROM idle_breakdown ORDER BY run, rank, stream, category",
+    "pipeline_shape": "SELECT * FROM pipeline_shape ORDER BY run",
+    "pipeline_bubbles": "SELECT * FROM pipeline_bubbles ORDER BY run, step, stage",
+    "pipeline_slow_stages": "SELECT * FROM pipeline_slow_stages ORDER BY run, rank_order",
 }
 def _critical_path(con, run):
     from .critical_path import critical_path
@@ -165,6 +168,20 @@ def format_text(results: dict[str, pd.DataFrame], params: dict) -> str:
             for r in found.itertuples():
                 lines.append(f"imbalance #{r.rank_order}: rank {r.rank} computes {r.ratio_to_mean:.2f}x the mean of the ranks "
                              f"(+{_ms(r.excess_ns_per_step)} per step, {r.excess_pct:.1f}% of the step)")
+        if "pipeline_shape" in sel and not sel["pipeline_shape"].empty:
+            sh = sel["pipeline_shape"].iloc[0]
+            b = sel.get("pipeline_bubbles", pd.DataFrame())
+            measured = f", measured {b['bubble_pct'].median():.1f}% idle per stage (median)" if not b.empty else ""
+            lines.append(f"pipeline: {sh.n_stages} stages x {sh.stages_per_rank}, {sh.microbatches:g} micro-batches, "
+                         f"{sh.schedule}: theoretical bubble {sh.theoretical_bubble_pct:.1f}%{measured}")
+            slow = sel.get("pipeline_slow_stages", pd.DataFrame())
+            slow = slow[slow["is_finding"]] if not slow.empty else slow
+            if slow.empty:
+                lines.append(f"slow stage: none (no stage's own time exceeds the others' by >= {p['slow_stage_min_excess_pct']}% of a step)")
+            for r in slow.itertuples():
+                lines.append(f"slow stage #{r.rank_order}: stage {r.stage} (rank {r.rank}) spends {_ms(r.excess_ns_per_step)} "
+                             f"more of its own time per step than the others ({r.excess_pct:.1f}% of the step); "
+                             f"the others stalled {_ms(r.stall_caused_ns_per_step)} per step waiting on it")
         if "overlap" in sel and not sel["overlap"].empty:
             o = sel["overlap"]
             lines.append(f"overlap: {o['overlap_pct'].mean():.1f}% of communication overlapped on average "

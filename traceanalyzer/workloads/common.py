@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import Any
 
@@ -38,6 +39,8 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prof-warmup", type=int, default=1)
     p.add_argument("--prof-active", type=int, default=3)
     p.add_argument("--prof-repeat", type=int, default=1)
+    p.add_argument("--no-pin", dest="pin", action="store_false",
+                   help="do not pin each rank (and its gloo threads) to one CPU core")
 
 
 def profile_kwargs(args: argparse.Namespace) -> dict:
@@ -45,8 +48,22 @@ def profile_kwargs(args: argparse.Namespace) -> dict:
             "warmup": args.prof_warmup, "active": args.prof_active, "repeat": args.prof_repeat}
 
 
-def init_distributed(seed: int) -> tuple[int, int]:
+def pin_to_core() -> None:
+    """Pin this rank (and the threads it creates: gloo's runloops) to core LOCAL_RANK mod cores.
+
+    Unpinned, 2-4 ranks and their gloo threads on a 2-core host are scheduled unevenly: one rank
+    keeps losing its core to another rank's communication threads and looks like a straggler in a
+    clean run. Pinned, every rank sees the same share of a core, as real jobs pin ranks to cores.
+    """
+    cores = sorted(os.sched_getaffinity(0))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    os.sched_setaffinity(0, {cores[local_rank % len(cores)]})
+
+
+def init_distributed(seed: int, pin: bool = True) -> tuple[int, int]:
     """gloo process group on one thread per rank (2-core hosts run 4 ranks); returns (rank, world)."""
+    if pin and hasattr(os, "sched_setaffinity"):
+        pin_to_core()
     enable_flight_recorder()  # must precede the first process group
     torch.set_num_threads(1)
     dist.init_process_group(BACKEND)

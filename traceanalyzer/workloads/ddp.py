@@ -27,7 +27,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    rank, world = common.init_distributed(args.seed)
+    rank, world = common.init_distributed(args.seed, pin=args.pin)
     common.check_rank_flags(args, world)
     work = common.imbalance_factor(args, rank)
     model = common.Straggler(models.build(args.model), common.straggler_delay_s(args, rank))

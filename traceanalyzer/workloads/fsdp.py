@@ -42,7 +42,7 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
 
 
 def run(args: argparse.Namespace) -> None:
-    rank, world = common.init_distributed(args.seed)
+    rank, world = common.init_distributed(args.seed, pin=args.pin)
     common.check_rank_flags(args, world)
     mesh = init_device_mesh("cpu", (world,))
     reshard = not args.no_reshard

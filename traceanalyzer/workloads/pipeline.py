@@ -93,7 +93,7 @@ def _check(args: argparse.Namespace, world: int) -> int:
 
 
 def run(args: argparse.Namespace) -> None:
-    rank, world = common.init_distributed(args.seed)
+    rank, world = common.init_distributed(args.seed, pin=args.pin)
     n_stages = _check(args, world)
     placement = stage_to_rank(n_stages, world)
     mine = [s for s in range(n_stages) if placement[s] == rank]

@@ -1,0 +1,170 @@
+-- Pipeline bubbles: per stage and step, how much of the step the stage sat idle, when, and
+-- because of whom (see ../shared/METRICS.md, "Pipeline bubbles").
+--
+-- Pipeline ranks are the ranks that exchange point-to-point messages. Their order (the stage
+-- order) is the order in which they first send in a step: stage 0 starts the pipeline. The
+-- schedule comes from the annotations torch.distributed.pipelining emits: 'Forward i'/'Backward i'
+-- (GPipe), 'PP:<stage>F<mb>' (Interleaved1F1B); none at all is 1F1B. The micro-batch count m is the
+-- number of sends of the first stage in a step (or the distinct micro-batch numbers annotated),
+-- v is the number of stages per rank, p the number of pipeline ranks; the theoretical bubble is
+-- (p-1)/(v*m+p-1) of the step.
+-- A stage's busy time is its compute (activity.sql, merged); the idle time of the step is cut into
+--   warmup   before its first compute of the step,
+--   cooldown after its last compute,
+--   stall    gaps in between during which a receive (or a send, which blocks on gloo until the
+--            peer takes the data) was pending: charged to that peer (the upstream stage for
+--            activations, the downstream one for gradients),
+--   other    the rest of the gaps (the stage's own host-side delays).
+
+-- Columns: run, n_stages (p), stages_per_rank (v), microbatches (m), schedule, theoretical_bubble_pct.
+CREATE OR REPLACE TEMP VIEW pipeline_shape AS
+WITH p2p AS (SELECT DISTINCT run, rank FROM comms WHERE is_p2p),
+ann AS (
+    SELECT run,
+           count(DISTINCT regexp_extract(name, '^Forward (\d+)$', 1)) FILTER (WHERE regexp_matches(name, '^Forward \d+$')) AS gpipe_mb,
+           count(DISTINCT regexp_extract(name, '^PP:\d+F(\d+)$', 1)) FILTER (WHERE regexp_matches(name, '^PP:\d+F\d+$')) AS pp_mb,
+           count(DISTINCT regexp_extract(name, '^PP:(\d+)F\d+$', 1)) FILTER (WHERE regexp_matches(name, '^PP:\d+F\d+$')) AS pp_stages
+    FROM events SEMI JOIN p2p USING (run, rank)
+    WHERE NOT is_gpu AND (name LIKE 'Forward %' OR name LIKE 'PP:%')
+    GROUP BY run
+),
+first_stage_sends AS (  -- sends per step of the rank that sends first (the first stage)
+    SELECT run, median(n) AS m FROM (
+        SELECT run, step, rank, n, row_number() OVER (PARTITION BY run, step ORDER BY first_ts) AS k
+        FROM (SELECT run, step, rank, count(*) AS n, min(enqueue_ts_ns) AS first_ts FROM comms
+              WHERE op = 'send' AND step IS NOT NULL GROUP BY run, step, rank))
+    WHERE k = 1 GROUP BY run
+),
+shape AS (
+    SELECT p.run, count(*) AS n_stages,
+           CASE WHEN coalesce(any_value(a.pp_mb), 0) > 0 THEN 'interleaved1f1b'
+                WHEN coalesce(any_value(a.gpipe_mb), 0) > 0 THEN 'gpipe' ELSE '1f1b' END AS schedule,
+           coalesce(nullif(any_value(a.pp_mb), 0), nullif(any_value(a.gpipe_mb), 0), any_value(f.m)) AS microbatches,
+           greatest(coalesce(any_value(a.pp_stages), 0) // count(*), 1) AS stages_per_rank
+    FROM p2p p LEFT JOIN ann a USING (run) LEFT JOIN first_stage_sends f USING (run)
+    GROUP BY p.run
+)
+SELECT run, n_stages, stages_per_rank, microbatches, schedule,
+       100.0 * (n_stages - 1) / (stages_per_rank * microbatches + n_stages - 1) AS theoretical_bubble_pct
+FROM shape WHERE n_stages > 1;
+
+-- Stage order: rank -> position in the pipeline (0 = first), from the time of its first send.
+CREATE OR REPLACE TEMP VIEW pipeline_stages AS
+SELECT run, rank, row_number() OVER (PARTITION BY run ORDER BY median(first_send)) - 1 AS stage
+FROM (SELECT c.run, c.rank, c.step, min(c.enqueue_ts_ns) - any_value(s.start_ts_ns) AS first_send
+      FROM comms c JOIN steps s USING (run, rank, window_id, step)
+      WHERE c.op = 'send' GROUP BY ALL)
+SEMI JOIN pipeline_shape USING (run)
+GROUP BY run, rank;
+
+-- Idle stretches of each stage in each step, classified.
+-- Columns: run, rank, stage, step, kind (warmup/cooldown/stall/other), caused_by_rank (stalls),
+-- lo_ns, hi_ns, dur_ns.
+CREATE OR REPLACE TEMP VIEW pipeline_idle AS
+WITH busy AS (  -- merged compute of the stage inside its step
+    SELECT a.run, a.rank, s.step, s.start_ts_ns AS s0, s.end_ts_ns AS s1, a.lo_ns, a.hi_ns
+    FROM activity_segments a JOIN steps s USING (run, rank, window_id, step)
+    SEMI JOIN pipeline_stages ps USING (run, rank)
+    WHERE a.n_compute > 0
+),
+islands AS (
+    SELECT run, rank, step, any_value(s0) AS s0, any_value(s1) AS s1, island, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns
+    FROM (SELECT *, sum(CASE WHEN lo_ns = prev THEN 0 ELSE 1 END) OVER (PARTITION BY run, rank, step ORDER BY lo_ns) AS island
+          FROM (SELECT *, lag(hi_ns) OVER (PARTITION BY run, rank, step ORDER BY lo_ns) AS prev FROM busy))
+    GROUP BY run, rank, step, island
+),
+gaps AS (
+    SELECT run, rank, step, 'warmup' AS kind, s0 AS lo_ns, min(lo_ns) AS hi_ns FROM islands GROUP BY run, rank, step, s0
+    UNION ALL
+    SELECT run, rank, step, 'cooldown', max(hi_ns), s1 FROM islands GROUP BY run, rank, step, s1
+    UNION ALL
+    SELECT run, rank, step, 'gap', hi_ns, next_lo FROM (
+        SELECT *, lead(lo_ns) OVER (PARTITION BY run, rank, step ORDER BY lo_ns) AS next_lo FROM islands)
+    WHERE next_lo IS NOT NULL AND next_lo > hi_ns
+),
+pending AS (  -- when each receive (or blocking send) was outstanding, and the peer it waited on
+    SELECT run, rank, CASE WHEN op = 'recv' THEN src_rank ELSE dst_rank END AS src_rank, enqueue_ts_ns AS lo_ns,
+           greatest(coalesce(end_ts_ns, 0), enqueue_ts_ns + enqueue_dur_ns) AS hi_ns
+    FROM comms WHERE op IN ('recv', 'send') AND enqueue_ts_ns IS NOT NULL
+),
+charged AS (  -- the part of each gap during which a receive was pending, per source
+    SELECT g.run, g.rank, g.step, g.lo_ns, g.hi_ns, p.src_rank,
+           least(g.hi_ns, p.hi_ns) - greatest(g.lo_ns, p.lo_ns) AS ns
+    FROM gaps g JOIN pending p ON p.run = g.run AND p.rank = g.rank AND p.lo_ns < g.hi_ns AND p.hi_ns > g.lo_ns
+    WHERE g.kind = 'gap'
+),
+per_gap AS (
+    SELECT run, rank, step, lo_ns, hi_ns, arg_max(src_rank, ns) AS src_rank, least(max(ns), hi_ns - lo_ns) AS stall_ns
+    FROM charged GROUP BY run, rank, step, lo_ns, hi_ns
+)
+SELECT g.run, g.rank, st.stage, g.step, g.kind, CAST(NULL AS INTEGER) AS caused_by_rank, g.lo_ns, g.hi_ns,
+       g.hi_ns - g.lo_ns AS dur_ns
+FROM gaps g JOIN pipeline_stages st USING (run, rank) WHERE g.kind <> 'gap' AND g.hi_ns > g.lo_ns
+UNION ALL
+SELECT g.run, g.rank, st.stage, g.step, 'stall', p.src_rank, g.lo_ns, g.lo_ns + p.stall_ns, p.stall_ns
+FROM gaps g JOIN pipeline_stages st USING (run, rank)
+JOIN per_gap p USING (run, rank, step, lo_ns, hi_ns) WHERE g.kind = 'gap' AND p.stall_ns > 0
+UNION ALL
+SELECT g.run, g.rank, st.stage, g.step, 'other', NULL, g.lo_ns + coalesce(p.stall_ns, 0), g.hi_ns,
+       g.hi_ns - g.lo_ns - coalesce(p.stall_ns, 0)
+FROM gaps g JOIN pipeline_stages st USING (run, rank)
+LEFT JOIN per_gap p USING (run, rank, step, lo_ns, hi_ns)
+WHERE g.kind = 'gap' AND g.hi_ns - g.lo_ns - coalesce(p.stall_ns, 0) > 0;
+
+-- Per stage and step. Columns: run, rank, stage, step, step_ns, busy_ns, idle_ns, warmup_ns,
+-- cooldown_ns, stall_ns, other_idle_ns, bubble_pct (idle / step), theoretical_bubble_pct, schedule,
+-- microbatches.
+CREATE OR REPLACE TEMP VIEW pipeline_bubbles AS
+SELECT st.run, st.rank, st.stage, s.step, s.dur_ns AS step_ns,
+       s.dur_ns - coalesce(sum(i.dur_ns), 0) AS busy_ns, coalesce(sum(i.dur_ns), 0) AS idle_ns,
+       coalesce(sum(i.dur_ns) FILTER (WHERE i.kind = 'warmup'), 0) AS warmup_ns,
+       coalesce(sum(i.dur_ns) FILTER (WHERE i.kind = 'cooldown'), 0) AS cooldown_ns,
+       coalesce(sum(i.dur_ns) FILTER (WHERE i.kind = 'stall'), 0) AS stall_ns,
+       coalesce(sum(i.dur_ns) FILTER (WHERE i.kind = 'other'), 0) AS other_idle_ns,
+       100.0 * coalesce(sum(i.dur_ns), 0) / nullif(s.dur_ns, 0) AS bubble_pct,
+       any_value(sh.theoretical_bubble_pct) AS theoretical_bubble_pct, any_value(sh.schedule) AS schedule,
+       any_value(sh.microbatches) AS microbatches
+FROM pipeline_stages st JOIN steps s USING (run, rank) JOIN pipeline_shape sh USING (run)
+LEFT JOIN pipeline_idle i ON i.run = st.run AND i.rank = st.rank AND i.step = s.step
+GROUP BY st.run, st.rank, st.stage, s.step, s.dur_ns;
+
+-- Which stage held the others up: stall time charged to each rank, summed over the stages that
+-- waited for it, per step (median over steps). The slow stage comes first.
+-- Columns: run, rank, stage, stall_caused_ns_per_step, stall_caused_pct (of the median step),
+-- other_idle_ns_per_step (its own host-side delays), rank_order.
+CREATE OR REPLACE TEMP VIEW pipeline_stall_causes AS
+WITH caused AS (
+    SELECT run, caused_by_rank AS rank, step, sum(dur_ns) AS ns FROM pipeline_idle WHERE kind = 'stall' GROUP BY ALL
+),
+own AS (SELECT run, rank, step, sum(dur_ns) AS ns FROM pipeline_idle WHERE kind = 'other' GROUP BY ALL),
+grid AS (SELECT DISTINCT b.run, b.rank, b.stage, b.step, b.step_ns FROM pipeline_bubbles b)
+SELECT g.run, g.rank, any_value(g.stage) AS stage, median(coalesce(c.ns, 0)) AS stall_caused_ns_per_step,
+       100.0 * median(coalesce(c.ns, 0)) / nullif(median(g.step_ns), 0) AS stall_caused_pct,
+       median(coalesce(o.ns, 0)) AS other_idle_ns_per_step,
+       row_number() OVER (PARTITION BY g.run ORDER BY median(coalesce(c.ns, 0)) DESC) AS rank_order
+FROM grid g LEFT JOIN caused c USING (run, rank, step) LEFT JOIN own o USING (run, rank, step)
+GROUP BY g.run, g.rank;
+
+-- The slow stage: a stage whose own time (compute + its own host-side delays, i.e. the step minus
+-- its stalls, warm-up and cool-down) exceeds the median of the other stages by at least
+-- slow_stage_min_excess_pct of the median step time (default 10), median over steps. Waiting never
+-- makes a stage slow; the stages it held up show the stalls charged to it (pipeline_stall_causes).
+-- Columns: run, rank, stage, own_ns_per_step, others_own_ns_per_step, excess_ns_per_step,
+-- excess_pct, stall_caused_ns_per_step, is_finding, rank_order (1 = largest excess).
+CREATE OR REPLACE TEMP VIEW pipeline_slow_stages AS
+WITH own AS (SELECT run, rank, stage, step, step_ns, busy_ns + other_idle_ns AS own_ns FROM pipeline_bubbles),
+cmp AS (
+    SELECT a.run, a.rank, a.stage, a.step, a.step_ns, a.own_ns, median(b.own_ns) AS others_ns
+    FROM own a JOIN own b ON a.run = b.run AND a.step = b.step AND a.rank <> b.rank
+    GROUP BY a.run, a.rank, a.stage, a.step, a.step_ns, a.own_ns
+),
+per_rank AS (
+    SELECT run, rank, any_value(stage) AS stage, median(own_ns) AS own_ns_per_step,
+           median(others_ns) AS others_own_ns_per_step, median(own_ns - others_ns) AS excess_ns_per_step,
+           100.0 * median(own_ns - others_ns) / nullif(median(step_ns), 0) AS excess_pct
+    FROM cmp GROUP BY run, rank
+)
+SELECT p.*, c.stall_caused_ns_per_step,
+       p.excess_pct >= getvariable('slow_stage_min_excess_pct') AS is_finding,
+       row_number() OVER (PARTITION BY p.run ORDER BY p.excess_ns_per_step DESC) AS rank_order
+FROM per_rank p LEFT JOIN pipeline_stall_causes c USING (run, rank);
