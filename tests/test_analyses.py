@@ -107,7 +107,7 @@ def test_kernel_breakdown_counts_every_kernel(dlrm):
 
 def test_collectives_join_and_measure_the_slow_rank(slow2):
     c = analyses.collectives(slow2)
-    assert len(c) == 12 and c["complete"].all() and (c["n_ranks"] == 4).all()
+    assert len(c) == 32 and c["complete"].all() and (c["n_ranks"] == 4).all()  # 8 steps x 4 buckets
     # rank 2 sleeps 20 ms in every forward: it is the last to arrive at the first bucket of every step
     first_of_step = c.sort_values("seq").groupby("step").head(1)
     assert set(first_of_step["last_arriver"]) == {2}
@@ -130,7 +130,7 @@ def test_straggler_is_found_with_its_phase_and_cost(slow2):
 
 def test_phases_cover_the_step(slow2):
     p = analyses.phases(slow2)
-    assert len(p) == 12
+    assert len(p) == 32  # 4 ranks x 8 steps
     total = p["forward_ns"] + p["backward_ns"] + p["sync_ns"] + p["optimizer_ns"]
     assert (total == p["step_ns"]).all()
     assert (p[p["rank"] == 2]["forward_ns"] > 20e6).all()
@@ -241,3 +241,37 @@ def test_slow_stage_found_first_and_clean_pipeline_has_none(pipeline):
     # the stages that waited for it charge it the most stall time
     causes = analyses.stall_causes(pipeline, run="pp_1f1b_4rank_slow2")
     assert causes.iloc[0]["rank"] == 2
+
+
+@pytest.fixture(scope="module")
+def ddp_runs(tmp_path_factory):
+    store = tmp_path_factory.mktemp("ddp") / "s"
+    for run in ("ddp_gloo_2rank", "ddp_gloo_4rank", "ddp_gloo_2rank_imb1", "ddp_gloo_2rank_nooverlap"):
+        ta.ingest([TRACES / run], store, run=run)
+    return store
+
+
+@pytest.mark.parametrize("run", ["ddp_gloo_2rank", "ddp_gloo_4rank"])
+def test_clean_runs_have_no_straggler_or_imbalance_finding(ddp_runs, run):
+    assert analyses.stragglers(ddp_runs, run=run).empty
+    imb = analyses.imbalance(ddp_runs, run=run)
+    assert len(imb) == int(run[9]) and not imb["is_finding"].any()
+
+
+def test_imbalanced_rank_is_found_first(ddp_runs):
+    """Rank 1 processes twice the batch: about twice the compute of rank 0 (ratio to the 2-rank
+    mean about 2/1.5 = 1.33)."""
+    imb = analyses.imbalance(ddp_runs, run="ddp_gloo_2rank_imb1")
+    top = imb.iloc[0]
+    assert top["rank"] == 1 and top["rank_order"] == 1 and bool(top["is_finding"])
+    assert 1.15 < top["ratio_to_mean"] < 1.45
+    assert not imb.iloc[1]["is_finding"]
+
+
+def test_disabled_overlap_is_seen_as_exposed_communication(ddp_runs):
+    ov = analyses.overlap(ddp_runs).set_index(["run", "rank"])
+    off = ov.loc["ddp_gloo_2rank_nooverlap"]
+    on = ov.loc["ddp_gloo_2rank"]
+    assert (off["overlap_pct"] < 1).all()       # nothing overlapped
+    assert (on["overlap_pct"] > 15).all()       # DDP's bucketed all-reduce overlaps backward
+    assert off["exposed_ns"].sum() > 2 * on["exposed_ns"].sum()

@@ -470,23 +470,32 @@ class _Context:
         return rows
 
 
+#: How far into a group's queue a gloo enqueue may look for its execution span: the group's runloop
+#: threads can record the starts of consecutive works slightly out of order.
+_FIFO_LOOKAHEAD = 4
+
+
 def _pop_fifo(queues: dict[Any, deque], enqueue: dict) -> dict | None:
-    """The execution span of a gloo collective: the head of one group's queue. Heads that
-    started before this enqueue belong to enqueues outside the window and are skipped."""
+    """The execution span of a gloo collective: one of the first spans of a group's queue,
+    preferring one with the enqueued tensor's size, then the earliest. Spans that started before
+    this enqueue belong to enqueues outside the window and are dropped."""
     want = _first_tensor(enqueue["args"])[0]
     best, best_key = None, None
     for key, q in queues.items():
         while q and q[0]["ts_ns"] < enqueue["ts_ns"]:
-            q[0]["orphan"] = True
             q.popleft()
-        if not q:
-            continue
-        head = q[0]
-        match = _first_tensor(head["args"])[0] == want
-        rank_key = (not match, head["ts_ns"])
-        if best is None or rank_key < best_key:
-            best, best_key = key, rank_key
-    return queues[best].popleft() if best is not None else None
+        for pos in range(min(_FIFO_LOOKAHEAD, len(q))):
+            span = q[pos]
+            match = want is not None and _first_tensor(span["args"])[0] == want
+            rank_key = (not match, span["ts_ns"], pos)
+            if best is None or rank_key < best_key:
+                best, best_key = (key, pos), rank_key
+    if best is None:
+        return None
+    key, pos = best
+    span = queues[key][pos]
+    del queues[key][pos]
+    return span
 
 
 def _pg_order(name: str):

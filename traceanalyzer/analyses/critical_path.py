@@ -99,7 +99,8 @@ def critical_path_summary(store_or_con, run: str | None = None, step: int | None
             SELECT p.run, p.step, p.rank, a.label,
                    sum(greatest(least(a.hi_ns, p.hi_ns) - greatest(a.lo_ns, p.lo_ns), 0)) AS ns
             FROM _cp_path p JOIN activity_segments a
-              ON a.run = p.run AND a.rank = p.rank AND a.lo_ns < p.hi_ns AND a.hi_ns > p.lo_ns
+              ON a.run = p.run AND a.rank = p.rank AND a.step = p.step  -- one step's segments never overlap
+             AND a.lo_ns < p.hi_ns AND a.hi_ns > p.lo_ns
             GROUP BY ALL),
         total AS (SELECT run, step, sum(dur_ns) AS path_ns FROM _cp_path GROUP BY ALL),
         covered AS (SELECT run, step, rank, sum(ns) AS ns FROM seg GROUP BY ALL),
