@@ -11,6 +11,7 @@ import sys
 import traceback
 
 from . import __version__
+from . import schema as S
 from .errors import TraceAnalyzerError
 
 
@@ -137,15 +138,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-rows", type=int, default=200)
     s.set_defaults(func=_cmd_sql)
 
-    s = sub.add_parser("analyze", help="run the analyses (stragglers, overlap, imbalance, breakdowns, ...) and save them in the store")
+    from .analyses import PARAMETERS
+    s = sub.add_parser("analyze", help="run the analyses (stragglers, overlap, imbalance, breakdowns, ...) and save them in the store",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       epilog="parameters (--set NAME=VALUE):\n" + "\n".join(
+                           f"  {k} = {d!r}: {doc}" for k, (d, doc) in PARAMETERS.items()))
     s.add_argument("store")
     s.add_argument("--run", help="only this run (default: every run)")
-    s.add_argument("--only", help="comma-separated analyses (default: all): " + ", ".join(
-        ["clock_offsets", "collectives", "stragglers", "phases", "overlap", "exposed_comm", "temporal_breakdown",
-         "kernel_breakdown", "imbalance", "all_to_all_balance", "seqlen_signal", "launch_stats", "queue_length",
-         "idle_breakdown", "pipeline_shape", "pipeline_bubbles", "pipeline_slow_stages", "critical_path",
-         "critical_path_summary"]))
-    s.add_argument("--set", action="append", metavar="NAME=VALUE", help="analysis parameter (repeatable); see `traceanalyzer analyze --help-params`")
+    s.add_argument("--only", help="comma-separated analyses (default: all): " + ", ".join(S.RESULTS))
+    s.add_argument("--set", action="append", metavar="NAME=VALUE", help="analysis parameter (repeatable); the list and defaults are below")
     s.add_argument("--json", action="store_true", help="print one JSON document (keys from the schema, with versions)")
     s.add_argument("--no-save", action="store_true", help="do not save the results in the store")
     s.set_defaults(func=_cmd_analyze)

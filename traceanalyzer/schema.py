@@ -428,6 +428,12 @@ RESULTS: dict[str, Table] = {t.name: t for t in (
         ("excess_ns_per_step", F64, _NS, "compute - mean of ranks"), ("excess_pct", F64, "%", "excess as % of the median step time"),
         ("steps", I64, "", "steps"), ("steps_max", I64, "", "steps in which it did the most work"),
         ("is_finding", BOOL, "", "above the thresholds"), ("rank_order", I64, "", "1 = most excess work")]),
+    _r("imbalance_ops", "Imbalance per op type: which kernels/operators the ranks spend unevenly (largest excess first).", [
+        ("run", STR, "", "run name"), ("category", STR, "", "compute, comm or memory"), ("name", STR, "", "kernel or operator"),
+        ("n_ranks", I64, "", "ranks in the run"), ("mean_ns_per_step", F64, _NS, "mean over ranks (median over steps)"),
+        ("max_ns_per_step", F64, _NS, "the rank with the most"), ("max_rank", I32, "", "that rank, most often"),
+        ("max_over_mean", F64, "", "max / mean"), ("excess_ns_per_step", F64, _NS, "max - mean"),
+        ("rank_order", I64, "", "1 = largest excess")]),
     _r("all_to_all_balance", "MoE routing: all_to_all bytes per rank.", _RUN_RANK + [
         ("n_all_to_all", I64, "", "all_to_all ops"), ("sent_bytes", I64, "bytes", "bytes sent"),
         ("recv_bytes", I64, "bytes", "bytes received"), ("sent_over_mean", F64, "", "sent / mean of ranks"),

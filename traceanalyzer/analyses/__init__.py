@@ -163,40 +163,50 @@ def idle_breakdown(store_or_con, run: str | None = None, **params) -> pd.DataFra
 # -- HTA compatibility (sql/hta_compat.sql) ------------------------------------------------------
 # HTA 0.5.0's numbers reproduced from the store, per trace file (run, rank, window_id), in µs; see
 # tests/reference/HTA_DEFINITIONS.md for HTA's rules and tests/reference/DEVIATIONS.md for how our
-# own analyses above differ from them.
+# own analyses above differ from them. ns_rounding=False is HTA's HTA_DISABLE_NS_ROUNDING=1.
 
-def hta_temporal_breakdown(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
+def _hta_query(store_or_con, sql: str, run: str | None, params: dict, ns_rounding: bool) -> pd.DataFrame:
+    con = _connect(store_or_con)
+    con.execute("SET VARIABLE hta_disable_ns_rounding = ?", [not ns_rounding])
+    return _query(con, sql, run, params)
+
+
+def hta_temporal_breakdown(store_or_con, run: str | None = None, ns_rounding: bool = True, **params) -> pd.DataFrame:
     """HTA's get_temporal_breakdown: kernel, idle, compute and non-compute time (µs, % of kernel time)."""
-    return _query(store_or_con, "SELECT * FROM hta_temporal_breakdown{where} ORDER BY run, rank, window_id", run, params)
+    return _hta_query(store_or_con, "SELECT * FROM hta_temporal_breakdown{where} ORDER BY run, rank, window_id",
+                      run, params, ns_rounding)
 
 
-def hta_overlap(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
+def hta_overlap(store_or_con, run: str | None = None, ns_rounding: bool = True, **params) -> pd.DataFrame:
     """HTA's get_comm_comp_overlap: % of the merged NCCL time during which compute kernels run."""
-    return _query(store_or_con, "SELECT * FROM hta_overlap{where} ORDER BY run, rank, window_id", run, params)
+    return _hta_query(store_or_con, "SELECT * FROM hta_overlap{where} ORDER BY run, rank, window_id",
+                      run, params, ns_rounding)
 
 
 def hta_kernel_type_breakdown(store_or_con, run: str | None = None, all_ranks: bool = False,
-                              **params) -> pd.DataFrame:
+                              ns_rounding: bool = True, **params) -> pd.DataFrame:
     """HTA's kernel-type (Venn) table per trace file, or summed over the run's ranks as HTA
     publishes it (``all_ranks=True``)."""
     if all_ranks:
-        return _query(store_or_con, "SELECT * FROM hta_kernel_type_all_ranks{where} ORDER BY run, sum_us DESC",
-                      run, params)
-    return _query(store_or_con, "SELECT * FROM hta_kernel_type_breakdown{where} "
-                  "ORDER BY run, rank, window_id, sum_us DESC", run, params)
+        sql = "SELECT * FROM hta_kernel_type_all_ranks{where} ORDER BY run, sum_us DESC, kernel_type"
+    else:
+        sql = "SELECT * FROM hta_kernel_type_breakdown{where} ORDER BY run, rank, window_id, sum_us DESC, kernel_type"
+    return _hta_query(store_or_con, sql, run, params, ns_rounding)
 
 
-def hta_kernel_stats(store_or_con, run: str | None = None, top: int | None = None, **params) -> pd.DataFrame:
+def hta_kernel_stats(store_or_con, run: str | None = None, top: int | None = None, ns_rounding: bool = True,
+                     **params) -> pd.DataFrame:
     """HTA's per-kernel table (sum/max/min/mean/std µs per name and kernel type, all streams pooled),
     with a count; ``top`` keeps the first names of each type."""
-    df = _query(store_or_con, "SELECT * FROM hta_kernel_stats{where} "
-                "ORDER BY run, rank, window_id, kernel_type, rank_in_type", run, params)
+    df = _hta_query(store_or_con, "SELECT * FROM hta_kernel_stats{where} "
+                    "ORDER BY run, rank, window_id, kernel_type, rank_in_type", run, params, ns_rounding)
     return df if top is None else df[df["rank_in_type"] <= int(top)].reset_index(drop=True)
 
 
-def hta_window(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
+def hta_window(store_or_con, run: str | None = None, ns_rounding: bool = True, **params) -> pd.DataFrame:
     """The window HTA analyses per trace file: µs rounding, ProfilerStep names, last-step cut."""
-    return _query(store_or_con, "SELECT * FROM hta_window{where} ORDER BY run, rank, window_id", run, params)
+    return _hta_query(store_or_con, "SELECT * FROM hta_window{where} ORDER BY run, rank, window_id",
+                      run, params, ns_rounding)
 
 
 def bubbles(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
@@ -217,3 +227,8 @@ def stall_causes(store_or_con, run: str | None = None, **params) -> pd.DataFrame
 def slow_stages(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Pipeline stages whose own time exceeds the others' (findings flagged), largest excess first."""
     return _query(store_or_con, "SELECT * FROM pipeline_slow_stages{where} ORDER BY run, rank_order", run, params)
+
+
+def imbalance_ops(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
+    """Which kernels/operators the ranks spend unevenly: per name, max/mean over ranks."""
+    return _query(store_or_con, "SELECT * FROM imbalance_ops{where} ORDER BY run, rank_order", run, params)

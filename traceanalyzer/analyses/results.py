@@ -33,6 +33,7 @@ QUERIES: dict[str, str] = {
     "kernel_breakdown": "SELECT * FROM kernel_breakdown WHERE rank_in_category <= getvariable('kernels_top') "
                         "ORDER BY run, rank, category, rank_in_category",
     "imbalance": "SELECT * FROM imbalance_ranks ORDER BY run, rank_order",
+    "imbalance_ops": "SELECT * FROM imbalance_ops WHERE rank_order <= getvariable('kernels_top') ORDER BY run, rank_order",
     "all_to_all_balance": "SELECT * FROM all_to_all_balance ORDER BY run, rank",
     "seqlen_signal": "SELECT * FROM seqlen_signal ORDER BY run, rank",
     "launch_stats": "SELECT * FROM launch_stats ORDER BY run, rank",
@@ -168,6 +169,12 @@ def format_text(results: dict[str, pd.DataFrame], params: dict) -> str:
             for r in found.itertuples():
                 lines.append(f"imbalance #{r.rank_order}: rank {r.rank} computes {r.ratio_to_mean:.2f}x the mean of the ranks "
                              f"(+{_ms(r.excess_ns_per_step)} per step, {r.excess_pct:.1f}% of the step)")
+            ops = sel.get("imbalance_ops", pd.DataFrame())
+            ops = ops[ops["category"] == "compute"] if not ops.empty else ops
+            if not found.empty and not ops.empty:
+                o = ops.iloc[0]
+                lines.append(f"  most unbalanced op: {o['name']} ({o['category']}): rank {o['max_rank']} spends "
+                             f"{o['max_over_mean']:.2f}x the mean (+{_ms(o['excess_ns_per_step'])} per step)")
         if "pipeline_shape" in sel and not sel["pipeline_shape"].empty:
             sh = sel["pipeline_shape"].iloc[0]
             b = sel.get("pipeline_bubbles", pd.DataFrame())

@@ -69,3 +69,25 @@ WITH a AS (
 SELECT *, sent_bytes / nullif(avg(sent_bytes) OVER (PARTITION BY run), 0) AS sent_over_mean,
        recv_bytes / nullif(avg(recv_bytes) OVER (PARTITION BY run), 0) AS recv_over_mean
 FROM a;
+
+-- Imbalance per op type: for each kernel (GPU) or CPU operator name, its time per rank and step,
+-- and how unevenly the ranks spend it (median over steps). Shows *which* work is unbalanced.
+-- Columns: run, category, name, n_ranks, mean_ns_per_step (mean over ranks), max_ns_per_step,
+-- max_rank (rank with the most, most often), max_over_mean, excess_ns_per_step (max - mean),
+-- rank_order (1 = largest excess).
+CREATE OR REPLACE TEMP VIEW imbalance_ops AS
+WITH per_rank AS (
+    SELECT run, step, category, name, rank, sum(hi_ns - lo_ns) AS ns
+    FROM activity_intervals WHERE step IS NOT NULL GROUP BY ALL
+),
+ranks_per_run AS (SELECT run, count(DISTINCT rank) AS n FROM per_rank GROUP BY run),
+per_step AS (
+    SELECT p.run, p.step, p.category, p.name, sum(p.ns) / any_value(r.n) AS mean_ns, max(p.ns) AS max_ns,
+           arg_max(p.rank, p.ns) AS max_rank, any_value(r.n) AS n_ranks
+    FROM per_rank p JOIN ranks_per_run r USING (run) GROUP BY p.run, p.step, p.category, p.name
+)
+SELECT run, category, name, any_value(n_ranks) AS n_ranks, median(mean_ns) AS mean_ns_per_step,
+       median(max_ns) AS max_ns_per_step, mode(max_rank) AS max_rank,
+       median(max_ns / nullif(mean_ns, 0)) AS max_over_mean, median(max_ns - mean_ns) AS excess_ns_per_step,
+       row_number() OVER (PARTITION BY run ORDER BY median(max_ns - mean_ns) DESC) AS rank_order
+FROM per_step WHERE n_ranks > 1 GROUP BY run, category, name;
