@@ -20,7 +20,6 @@ import hashlib
 import json
 import math
 import re
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -85,15 +84,16 @@ def ours(con) -> dict[str, pd.DataFrame]:
         "window": analyses.hta_window(con),
         "temporal": analyses.hta_temporal_breakdown(con),
         "overlap": analyses.hta_overlap(con),
-        "kernel_type": analyses.hta_kernel_type_breakdown(con),
-        "kernel_type_all": analyses.hta_kernel_type_breakdown(con, all_ranks=True),
         "kernel_stats": analyses.hta_kernel_stats(con),
-        "gpu_rows": con.sql("SELECT run, rank, kernel_type, count(*) AS n FROM hta_kernels GROUP BY ALL").df(),
     }
+    # the connection now has the views (each public call reloads every SQL module: seconds)
+    out["kernel_type"] = con.sql("SELECT * FROM hta_kernel_type_breakdown").df()
+    out["kernel_type_all"] = con.sql("SELECT * FROM hta_kernel_type_all_ranks").df()
+    out["gpu_rows"] = con.sql("SELECT run, rank, kernel_type, count(*) AS n FROM hta_kernels GROUP BY ALL").df()
     con.execute("SET VARIABLE hta_disable_ns_rounding = true")
-    for name in ("temporal", "overlap", "kernel_type"):
-        view = {"temporal": "hta_temporal_breakdown", "overlap": "hta_overlap", "kernel_type": "hta_kernel_type_breakdown"}
-        out[f"{name}_unrounded"] = con.sql(f"SELECT * FROM {view[name]}").df()
+    for name, view in (("temporal", "hta_temporal_breakdown"), ("overlap", "hta_overlap"),
+                       ("kernel_type", "hta_kernel_type_breakdown")):
+        out[f"{name}_unrounded"] = con.sql(f"SELECT * FROM {view}").df()
     con.execute("SET VARIABLE hta_disable_ns_rounding = false")
     out["default_overlap"] = analyses.overlap(con)
     out["default_temporal"] = analyses.temporal_breakdown(con)
@@ -199,6 +199,16 @@ def test_kernel_table_equals_htas(ours, key, rank):
         assert rest["count"].sum() == table["rest"]["count"], kernel_type
         check(f"{kernel_type} rest sum_us", rest["sum_us"].sum(), table["rest"]["sum_us"], problems)
     assert not problems, problems
+
+
+def test_public_function_with_run_all_ranks_and_no_rounding(con, ours):
+    """hta_kernel_type_breakdown with a run filter, all_ranks and ns_rounding=False: on a
+    one-file set, HTA's rerun without rounding (HTA_DISABLE_NS_ROUNDING=1)."""
+    key = "tracelens/vllm_b200_rank0_nccl2275.json.gz"
+    kt = analyses.hta_kernel_type_breakdown(con, run=run_name(key), all_ranks=True, ns_rounding=False)
+    assert set(kt["run"]) == {run_name(key)}
+    want = REF["trace_sets"][key]["without_ns_rounding"]["ranks"]["0"]["kernel_type_breakdown"]
+    assert dict(zip(kt["kernel_type"], kt["sum_us"])) == {d["kernel_type"]: d["sum_us"] for d in want}
 
 
 def test_no_numbers_where_hta_has_none(ours):

@@ -479,7 +479,9 @@ def _pop_fifo(queues: dict[Any, deque], enqueue: dict) -> dict | None:
     """The execution span of a gloo collective: one of the first spans of a group's queue,
     preferring one with the enqueued tensor's size, then the earliest. Spans that started before
     this enqueue belong to enqueues outside the window and are dropped."""
-    want = _first_tensor(enqueue["args"])[0]
+    want = _enqueue_io(enqueue)[0]  # the input tensor: what the gloo span records
+    if want is None:
+        want = _first_tensor(enqueue["args"])[0]
     best, best_key = None, None
     for key, q in queues.items():
         while q and q[0]["ts_ns"] < enqueue["ts_ns"]:

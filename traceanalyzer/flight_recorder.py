@@ -1,19 +1,45 @@
-"""Read Flight Recorder JSON dumps (``_dump_fr_trace_json``) and join them to gloo collectives.
+"""Read Flight Recorder (FR) dumps, JSON or pickle, into ``fr_dumps``/``fr_entries``, and join
+them to gloo collectives.
 
-A gloo trace carries no process group and no sequence number on its collectives; the Flight
-Recorder has both (``process_group`` [name, desc] and ``collective_seq_id``, counted per group),
-plus ``time_created_ns``, taken while the ``c10d::*`` enqueue op runs. So the enqueue op whose span
-holds ``time_created_ns`` is that FR entry's collective. Only JSON dumps are read here; pickled dumps
-are never unpickled (they can run code).
+Formats (torch 2.13, ``torch/csrc/distributed/c10d/FlightRecorderDetail.hpp``, version "2.10"):
+
+* ``_dump_fr_trace_json()``: JSON with keys version, comm_lib_version, pg_config, pg_status,
+  entries (omitted when empty), nccl_comm_state. Entries have no stack ``frames``; a missing
+  start/complete time is 0; ``process_group`` is a [name, desc] list; pg_status values are text.
+* ``_dump_fr_trace()``: a pickle of the same dict, *with* ``frames`` (a list of {name, filename,
+  line}, innermost first), ``None`` for a missing time, a (name, desc) tuple, int pg_status.
+  It is read only through :mod:`traceanalyzer.safe_pickle` (nothing in it can run).
+* The collector's ``rank{R}.fr.json`` is that pickle converted to JSON in the dumping process.
+
+gloo dumps carry sequence ids, group names, sizes, ``time_created_ns`` and frames, but no
+start/end times (state stays "scheduled"), no p2p entries, and a broken ``pg_config``: one entry
+keyed "" with empty name and desc (gloo registers its ranks before its name is set). NCCL dumps
+have real per-group pg_config, start/complete times, ``duration_ms`` (with
+``TORCH_NCCL_ENABLE_TIMING``), p2p entries (``p2p_seq_id``) and ``nccl_comm_state``.
+
+The gloo join: a gloo trace carries no process group and no sequence number on its collectives;
+the FR has both, plus ``time_created_ns``, taken while the ``c10d::*`` enqueue op runs. So the
+enqueue op whose span holds ``time_created_ns`` is that FR entry's collective.
 """
 from __future__ import annotations
 
+import json
+import re
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import pyarrow as pa
 
+from . import schema as S
 from .errors import TraceInputError
+from .safe_pickle import load_plain
+
+#: File names of FR dumps: the collector's, a pickle beside it, and torch's own default
+#: (TORCH_FR_DUMP_TEMP_FILE / TORCH_NCCL_DEBUG_INFO_TEMP_FILE = /tmp/nccl_trace_rank_<R>).
+FR_NAME_RE = re.compile(r"(^rank\d+\.fr\.(json|pkl|pickle)$)|(^nccl_trace_rank_\d+(\.(json|pkl|pickle))?$)")
+_PICKLE_SUFFIXES = (".pkl", ".pickle")
 
 
 class FrEntry(msgspec.Struct, gc=False):
@@ -25,30 +51,202 @@ class FrEntry(msgspec.Struct, gc=False):
     input_sizes: Any = None
 
 
-class FrDump(msgspec.Struct, gc=False):
-    entries: list[FrEntry] = msgspec.field(default_factory=list)
-    version: Any = None
+@dataclass
+class FrDump:
+    """One rank's dump, normalised (JSON and pickle look the same here)."""
+    path: str
+    source_format: str  # json | pickle
+    version: str | None
+    comm_lib_version: str
+    pg_config: list[dict]  # {pg_name, pg_desc, ranks (list[int] | None)}
+    pg_config_usable: bool
+    pg_status: dict[str, dict[str, int]]
+    nccl_comm_state: dict | None
+    entries: list[dict]  # normalised, see _entry()
+    n_skipped: int = 0
+    backend: str | None = None
+    extra: dict = field(default_factory=dict)
 
 
 def sidecar_path(trace_path: str | Path, rank: int) -> Path | None:
-    """The collector writes ``rank{R}.fr.json`` beside the rank's traces."""
-    p = Path(trace_path).parent / f"rank{rank}.fr.json"
-    return p if p.is_file() else None
+    """The collector writes ``rank{R}.fr.json`` beside the rank's traces (a pickle dump may sit
+    there as ``rank{R}.fr.pkl``)."""
+    folder = Path(trace_path).parent
+    for name in (f"rank{rank}.fr.json", f"rank{rank}.fr.pkl", f"rank{rank}.fr.pickle"):
+        if (folder / name).is_file():
+            return folder / name
+    return None
 
 
-def read_fr_json(path: str | Path) -> list[FrEntry]:
+def is_fr_name(path: str | Path) -> bool:
+    return bool(FR_NAME_RE.match(Path(path).name))
+
+
+def read_fr_dump(path: str | Path) -> FrDump:
+    """Read a JSON or pickle FR dump; one-line :class:`TraceInputError` naming the file otherwise."""
     path = Path(path)
     try:
         data = path.read_bytes()
     except OSError as exc:
         raise TraceInputError(path, f"cannot read Flight Recorder dump ({exc.strerror or exc})") from None
-    if data[:1] == b"\x80":
-        raise TraceInputError(path, "Flight Recorder dump is a pickle; only JSON dumps are read "
-                                    "(use _dump_fr_trace_json, or the collector's converter)")
+    if not data.strip():
+        raise TraceInputError(path, "empty Flight Recorder dump")
+    if data[:1] == b"\x80" or path.suffix in _PICKLE_SUFFIXES:
+        doc, fmt = load_plain(data, path), "pickle"
+    else:
+        try:
+            doc, fmt = msgspec.json.decode(data), "json"
+        except msgspec.DecodeError as exc:
+            what = "truncated" if "truncated" in str(exc) else "invalid"
+            raise TraceInputError(path, f"{what} Flight Recorder JSON dump ({exc})") from None
+    return normalise_dump(doc, path, fmt)
+
+
+def normalise_dump(doc: Any, path: str | Path, fmt: str) -> FrDump:
+    if not isinstance(doc, dict):
+        raise TraceInputError(path, f"not a Flight Recorder dump (top level is a {type(doc).__name__}, not an object)")
+    if not {"version", "entries", "pg_config"} & doc.keys():
+        raise TraceInputError(path, "not a Flight Recorder dump (no version, pg_config or entries)")
+    raw_entries = doc.get("entries") or []
+    if not isinstance(raw_entries, list):
+        raise TraceInputError(path, "not a Flight Recorder dump ('entries' is not a list)")
+    entries, skipped = [], 0
+    for raw in raw_entries:
+        e = _entry(raw)
+        if e is None:
+            skipped += 1
+        else:
+            entries.append(e)
+    pg_config, usable = _pg_config(doc.get("pg_config"))
+    names = {e["profiling_name"].split(":")[0] for e in entries if ":" in e["profiling_name"]}
+    backend = "nccl" if "nccl" in names else ("gloo" if "gloo" in names else (next(iter(names)) if names else None))
+    state = doc.get("nccl_comm_state")
+    return FrDump(str(Path(path).resolve()), fmt, _str(doc.get("version")), _str(doc.get("comm_lib_version")) or "",
+                  pg_config, usable, _pg_status(doc.get("pg_status")), state if state else None, entries, skipped,
+                  backend)
+
+
+def _entry(raw: Any) -> dict | None:
+    """A normalised entry, or None when it lacks what identifies it (group and sequence id)."""
+    if not isinstance(raw, dict):
+        return None
+    pg = raw.get("process_group")
+    seq = _int(raw.get("collective_seq_id"))
+    if not isinstance(pg, list) or not pg or seq is None:
+        return None
+    frames = raw.get("frames")
+    duration = raw.get("duration_ms")
+    return {
+        "record_id": _int(raw.get("record_id")), "pg_id": _int(raw.get("pg_id")),
+        "pg_name": _str(pg[0]), "pg_desc": _str(pg[1]) if len(pg) > 1 else None,
+        "collective_seq_id": seq, "p2p_seq_id": _int(raw.get("p2p_seq_id")), "op_id": _int(raw.get("op_id")),
+        "is_p2p": bool(raw.get("is_p2p", False)), "profiling_name": _str(raw.get("profiling_name")) or "",
+        "input_sizes": raw.get("input_sizes"), "input_dtypes": raw.get("input_dtypes"),
+        "output_sizes": raw.get("output_sizes"), "output_dtypes": raw.get("output_dtypes"),
+        "state": _str(raw.get("state")),
+        "time_created_ns": _int(raw.get("time_created_ns")) or None,
+        "time_discovered_started_ns": _int(raw.get("time_discovered_started_ns")) or None,
+        "time_discovered_completed_ns": _int(raw.get("time_discovered_completed_ns")) or None,
+        "duration_ns": round(duration * 1e6) if isinstance(duration, (int, float)) and not isinstance(duration, bool) else None,
+        "timeout_ns": _int(raw.get("timeout_ms")) * 1_000_000 if _int(raw.get("timeout_ms")) is not None else None,
+        "retired": raw.get("retired") if isinstance(raw.get("retired"), bool) else None,
+        "thread_id": _str(raw.get("thread_id")), "thread_name": _str(raw.get("thread_name")),
+        "frames": frames if isinstance(frames, list) else None,
+    }
+
+
+def _pg_config(raw: Any) -> tuple[list[dict], bool]:
+    out, usable = [], isinstance(raw, dict) and bool(raw)
+    for key, cfg in (raw or {}).items() if isinstance(raw, dict) else ():
+        cfg = cfg if isinstance(cfg, dict) else {}
+        name = _str(cfg.get("name", key)) or ""
+        ranks = _ranks(cfg.get("ranks"))
+        if not name or not key:  # gloo: {"": {"name": "", "desc": "", ...}}
+            usable = False
+        out.append({"pg_name": name, "pg_desc": _str(cfg.get("desc")), "ranks": ranks})
+    return out, usable
+
+
+def _ranks(value: Any) -> list[int] | None:
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            return None
+    if isinstance(value, list) and all(isinstance(r, int) and not isinstance(r, bool) for r in value):
+        return value
+    return None
+
+
+def _pg_status(raw: Any) -> dict[str, dict[str, int]]:
+    if not isinstance(raw, dict):
+        return {}
+    return {str(pg): {k: _int(v) for k, v in st.items()} for pg, st in raw.items() if isinstance(st, dict)}
+
+
+def _int(value: Any) -> int | None:
+    if value is None or isinstance(value, bool):
+        return None
     try:
-        return msgspec.json.decode(data, type=FrDump).entries
-    except msgspec.DecodeError as exc:
-        raise TraceInputError(path, f"not a Flight Recorder JSON dump ({exc})") from None
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _str(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def _numel(sizes: Any) -> int | None:
+    if not isinstance(sizes, list):
+        return None
+    total = 0
+    for shape in sizes:
+        if not isinstance(shape, list) or not all(isinstance(d, int) for d in shape):
+            return None
+        n = 1
+        for d in shape:
+            n *= d
+        total += n
+    return total
+
+
+def _json(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"))
+
+
+def fr_tables(dump: FrDump) -> dict[str, pa.Table]:
+    """The ``fr_dumps`` (one row) and ``fr_entries`` tables of one dump."""
+    from .comms import normalize_op
+    rows = []
+    for e in dump.entries:
+        row = {k: e[k] for k in ("record_id", "pg_id", "pg_name", "pg_desc", "collective_seq_id", "p2p_seq_id",
+                                 "op_id", "is_p2p", "profiling_name", "state", "time_created_ns",
+                                 "time_discovered_started_ns", "time_discovered_completed_ns", "duration_ns",
+                                 "timeout_ns", "retired", "thread_id", "thread_name")}
+        row.update(op=normalize_op(e["profiling_name"].split(" ")[0]),
+                   input_sizes=_json(e["input_sizes"]), input_dtypes=_json(e["input_dtypes"]),
+                   output_sizes=_json(e["output_sizes"]), output_dtypes=_json(e["output_dtypes"]),
+                   in_nelems=_numel(e["input_sizes"]), out_nelems=_numel(e["output_sizes"]),
+                   frames_json=_json(e["frames"]))
+        rows.append(row)
+    head = {"source_file": dump.path, "source_format": dump.source_format, "fr_version": dump.version,
+            "backend": dump.backend, "comm_lib_version": dump.comm_lib_version, "n_entries": len(rows),
+            "n_skipped": dump.n_skipped, "pg_config_json": _json(dump.pg_config),
+            "pg_config_usable": dump.pg_config_usable, "pg_status_json": _json(dump.pg_status),
+            "nccl_comm_state_json": _json(dump.nccl_comm_state)}
+    return {"fr_dumps": pa.Table.from_pylist([head], schema=S.FR_DUMPS.arrow_schema),
+            "fr_entries": pa.Table.from_pylist(rows, schema=S.FR_ENTRIES.arrow_schema)}
+
+
+def read_fr_json(path: str | Path) -> list[FrEntry]:
+    """The entries of an FR dump (JSON or pickle), as needed by :func:`join_fr`."""
+    dump = read_fr_dump(path)
+    return [FrEntry(e["collective_seq_id"], [e["pg_name"], e["pg_desc"]], e["profiling_name"],
+                    e["time_created_ns"] or 0, e["is_p2p"], e["input_sizes"]) for e in dump.entries]
+
+
+read_fr_entries = read_fr_json
 
 
 def join_fr(rows: list[dict], entries: list[FrEntry]) -> int:

@@ -24,6 +24,7 @@ from typing import Iterable
 from . import schema as S
 from . import store as st
 from .errors import StoreError, TraceAnalyzerError, TraceInputError
+from .flight_recorder import sidecar_path
 
 _RUN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _TRACE_SUFFIXES = (".json", ".json.gz")
@@ -50,6 +51,9 @@ class IngestReport:
     run: str
     traces: list[TraceSummary] = field(default_factory=list)
     seconds: float = 0.0
+    #: per-process inputs (FR dumps, NCCL logs, ...): :class:`~traceanalyzer.sidecars.SidecarSummary`
+    sidecars: list = field(default_factory=list)
+    sidecars_already_in_store: int = 0
 
     @property
     def n_events(self) -> int:
@@ -58,7 +62,7 @@ class IngestReport:
     @property
     def skipped(self) -> dict[str, int]:
         total: Counter = Counter()
-        for t in self.traces:
+        for t in self.traces + self.sidecars:
             total.update(t.skipped)
         return dict(total)
 
@@ -67,6 +71,14 @@ class IngestReport:
         comms = sum(t.counts.get("comms", 0) for t in self.traces)
         line = (f"ingested {len(self.traces)} trace(s) of run '{self.run}' (ranks {_ranges(ranks)}): "
                 f"{self.n_events:,} events, {comms:,} communication ops in {self.seconds:.1f} s -> {self.store}")
+        if not self.traces:
+            side_ranks = sorted({s.rank for s in self.sidecars})
+            line = (f"ingested no traces; run '{self.run}' (ranks {_ranges(side_ranks)}) in {self.seconds:.1f} s "
+                    f"-> {self.store}")
+        from .sidecars import summary_line
+        side = summary_line(self.sidecars, self.sidecars_already_in_store)
+        if side:
+            line += "\n" + side
         if self.skipped:
             line += "\n  skipped or repaired: " + ", ".join(f"{k}={v:,}" for k, v in sorted(self.skipped.items()))
         return line
@@ -86,19 +98,20 @@ def _ranges(values: list[int]) -> str:
     return ",".join(out)
 
 
-def find_traces(paths: Iterable[str | os.PathLike]) -> list[Path]:
+def find_traces(paths: Iterable[str | os.PathLike], allow_empty: bool = False) -> list[Path]:
     """Trace files named by ``paths`` (files, or folders searched recursively)."""
+    from .flight_recorder import is_fr_name
     found: list[Path] = []
     for p in paths:
         p = Path(p)
         if p.is_dir():
             found += sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(_TRACE_SUFFIXES)
-                            and not f.name.endswith((".fr.json", "manifest.json")))
+                            and not f.name.endswith((".fr.json", "manifest.json")) and not is_fr_name(f))
         elif p.exists():
             found.append(p)
         else:
             raise TraceInputError(p, "no such file or folder")
-    if not found:
+    if not found and not allow_empty:
         raise TraceAnalyzerError("no trace files (*.json, *.json.gz) found in " + ", ".join(map(str, paths)))
     return found
 
@@ -109,11 +122,13 @@ def _parse_one(path: str, rank_arg: int | None, staging: str) -> tuple:
     from .flight_recorder import read_fr_json, sidecar_path
     from .kineto.build import build_tables
     from .kineto.reader import read_trace
+    from .sidecars import check_rank_manifest
     try:
         trace = read_trace(path)
         info = trace.meta.get("distributedInfo")
         built = build_tables(trace, rank_arg)
         del trace
+        check_rank_manifest(path, built.rank, built.rank_source)
         t = built.tables
         fr_path = sidecar_path(path, built.rank)
         fr = read_fr_json(fr_path) if fr_path else None
@@ -151,17 +166,25 @@ def default_run_name(paths: list[Path]) -> str:
 
 
 def ingest(paths, store, run: str | None = None, rank: int | None = None, workers: int | None = None,
-           progress: bool = False) -> IngestReport:
+           progress: bool = False, nccl_logs=()) -> IngestReport:
     """Parse trace files (or folders of them) into ``store``; returns an :class:`IngestReport`.
 
+    Per-process inputs found among ``paths`` (Flight Recorder dumps, NCCL debug logs, NCCL
+    Inspector / profiler plugin output; see :mod:`traceanalyzer.sidecars`) are ingested too, and
+    ``nccl_logs`` names NCCL debug logs whatever their file names.
     ``rank`` is used only for files whose trace has no ``distributedInfo.rank``. Raises
     :class:`~traceanalyzer.errors.TraceInputError` or :class:`~traceanalyzer.errors.StoreError`
     with a one-line message; the store is then unchanged.
     """
     t0 = time.perf_counter()
+    from . import sidecars
     paths = [Path(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
-    files = find_traces(paths)
-    run = run or default_run_name(paths)
+    nccl_logs = [Path(p) for p in ([nccl_logs] if isinstance(nccl_logs, (str, os.PathLike)) else nccl_logs)]
+    if not paths and not nccl_logs:
+        raise TraceAnalyzerError("nothing to ingest: name trace files or folders (or --nccl-log FILE)")
+    trace_paths, side = sidecars.classify(paths, nccl_logs)
+    files = find_traces(trace_paths, allow_empty=bool(side)) if trace_paths or not side else []
+    run = run or default_run_name(paths or nccl_logs)
     if not _RUN_RE.match(run):
         raise TraceAnalyzerError(f"invalid run name {run!r}: use letters, digits, '.', '_' and '-'")
     store = Path(store)
@@ -171,16 +194,23 @@ def ingest(paths, store, run: str | None = None, rank: int | None = None, worker
         staging = store / f".staging-{uuid.uuid4().hex}"
         staging.mkdir()
         try:
-            summaries = _parse_all(files, rank, staging, workers, progress)
+            side_done, already = sidecars.parse_all(side, rank, staging, manifest, run)  # small: first, fail fast
+            summaries = _parse_all(files, rank, staging, workers, progress) if files else []
+            beside = [sidecars.Sidecar("flight_recorder", p, s.rank) for s in summaries
+                      if (p := sidecar_path(s.path, s.rank)) is not None]  # FR dumps beside traces named one by one
+            more, already_too = sidecars.parse_all(beside, rank, staging, manifest, run,
+                                                   skip={(x.kind, x.path) for x in side_done})
+            side_done, already = side_done + more, already + already_too
+            sidecars.check_unique(side_done, manifest, run)
             _assign_windows(summaries, manifest, run)
-            _commit(store, manifest, run, summaries)
+            _commit(store, manifest, run, summaries, side_done)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         try:
             st.collect_garbage(store, manifest)
         except OSError:
             pass
-    return IngestReport(str(store), run, summaries, time.perf_counter() - t0)
+    return IngestReport(str(store), run, summaries, time.perf_counter() - t0, side_done, already)
 
 
 def _parse_all(files: list[Path], rank: int | None, staging: Path, workers: int | None, progress: bool) -> list[TraceSummary]:
@@ -238,7 +268,7 @@ def _assign_windows(summaries: list[TraceSummary], manifest: st.Manifest, run: s
                                                 "end_ts_ns": s.end_ts_ns, "window_id": s.window})
 
 
-def _commit(store: Path, manifest: st.Manifest, run: str, summaries: list[TraceSummary]) -> None:
+def _commit(store: Path, manifest: st.Manifest, run: str, summaries: list[TraceSummary], side=()) -> None:
     manifest.generation += 1
     gen = manifest.generation
     for s in summaries:
@@ -250,6 +280,8 @@ def _commit(store: Path, manifest: st.Manifest, run: str, summaries: list[TraceS
             files[table] = rel
         manifest.traces.append({"run": run, "rank": s.rank, "window_id": s.window, "trace_file": s.path,
                                 "start_ts_ns": s.start_ts_ns, "end_ts_ns": s.end_ts_ns, "files": files})
+    from .sidecars import commit as commit_sidecars
+    commit_sidecars(store, manifest, run, list(side), gen)
     st.write_manifest(store, manifest)
 
 

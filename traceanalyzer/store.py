@@ -4,6 +4,7 @@ Layout::
 
     STORE/_store.json                                    the manifest (the commit point)
     STORE/<table>/run=R/rank=K/window_id=W/part-G.parquet   one file per table and trace
+    STORE/<table>/run=R/rank=K/part-G-N.parquet             per-process inputs (FR dumps, NCCL logs)
 
 Atomicity: new files are written and moved into place first; they only become part of the store
 when the manifest, which lists every live file, is replaced in one ``os.replace``. An ingest
@@ -42,13 +43,16 @@ class Manifest:
     #: one entry per trace: run, rank, window, trace_file, start_ts_ns, end_ts_ns, files {table: relpath}
     traces: list[dict[str, Any]] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
+    #: one entry per per-process input (FR dump, NCCL log, ...): run, rank, kind, source_file, files, counts
+    sidecars: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps({"format": FORMAT, "schema_version": self.schema_version, "writer": f"traceanalyzer {__version__}",
-                           "generation": self.generation, "traces": self.traces, **self.extra}, indent=1)
+                           "generation": self.generation, "traces": self.traces, "sidecars": self.sidecars,
+                           **self.extra}, indent=1)
 
     def files(self, table: str) -> list[str]:
-        return [t["files"][table] for t in self.traces if table in t["files"]]
+        return [t["files"][table] for t in self.traces + self.sidecars if table in t["files"]]
 
 
 def read_manifest(store: Path) -> Manifest:
@@ -67,9 +71,9 @@ def read_manifest(store: Path) -> Manifest:
     if version.split(".")[0] != S.SCHEMA_VERSION.split(".")[0]:
         raise StoreError(f"{store}: written with store schema {version} ({doc.get('writer', '?')}); this traceanalyzer "
                          f"reads schema {S.SCHEMA_VERSION}: re-ingest the traces into a new store")
-    known = {"format", "schema_version", "writer", "generation", "traces"}
+    known = {"format", "schema_version", "writer", "generation", "traces", "sidecars"}
     return Manifest(version, int(doc.get("generation", 0)), list(doc.get("traces", [])),
-                    {k: v for k, v in doc.items() if k not in known})
+                    {k: v for k, v in doc.items() if k not in known}, list(doc.get("sidecars", [])))
 
 
 def write_manifest(store: Path, manifest: Manifest) -> None:
@@ -127,13 +131,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def partition_dir(table: str, run: str, rank: int, window_id: int) -> str:
+def partition_dir(table: str, run: str, rank: int, window_id: int | None = None) -> str:
+    """Folder of a table's files for one trace file, or (window_id None) for one process."""
+    if window_id is None:
+        return f"{table}/run={run}/rank={rank}"
     return f"{table}/run={run}/rank={rank}/window_id={window_id}"
 
 
 def collect_garbage(store: Path, manifest: Manifest) -> None:
     """Remove files no manifest lists (left by an ingest that was killed) and old staging dirs."""
-    live = {f for t in manifest.traces for f in t["files"].values()}
+    live = {f for t in manifest.traces + manifest.sidecars for f in t["files"].values()}
     for table in S.TABLES:
         root = store / table
         if not root.exists():
@@ -146,6 +153,10 @@ def collect_garbage(store: Path, manifest: Manifest) -> None:
                 d.rmdir()
             except OSError:
                 pass
+    results = {f for r in manifest.extra.get("results", {}).values() for f in r.get("files", {}).values()}
+    for path in (store / "_results").rglob("*.parquet") if (store / "_results").exists() else ():
+        if path.relative_to(store).as_posix() not in results:
+            path.unlink(missing_ok=True)
     for staging in store.glob(".staging-*"):  # we hold the lock: no other ingest is staging
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -153,7 +164,7 @@ def collect_garbage(store: Path, manifest: Manifest) -> None:
 # -- reading ---------------------------------------------------------------------------------
 
 def _empty_select(table: S.Table) -> str:
-    cols = [f"NULL::{t} AS {k}" for k, t in S.PARTITION_KEYS.items()]
+    cols = [f"NULL::{S.PARTITION_KEYS[k]} AS {k}" for k in table.partition]
     cols += [f"NULL::{_DUCK_TYPES[str(c.type)]} AS \"{c.name}\"" for c in table.columns]
     return f"SELECT {', '.join(cols)} WHERE false"
 
@@ -171,9 +182,9 @@ def open_store(store: str | os.PathLike, read_only_db: str | None = None):
                          f"`traceanalyzer ingest TRACES --store {store}`")
     manifest = read_manifest(store)
     con = duckdb.connect(read_only_db or ":memory:")
-    hive_types = "{" + ", ".join(f"'{k}': '{t}'" for k, t in S.PARTITION_KEYS.items()) + "}"
     for name, table in S.TABLES.items():
         files = [str(store / f) for f in manifest.files(name)]
+        hive_types = "{" + ", ".join(f"'{k}': '{S.PARTITION_KEYS[k]}'" for k in table.partition) + "}"
         if files:
             con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet({_sql_list(files)}, "
                         f"hive_partitioning = true, hive_types = {hive_types}, union_by_name = true)")
@@ -184,7 +195,41 @@ def open_store(store: str | os.PathLike, read_only_db: str | None = None):
         SELECT run, count(DISTINCT rank) AS n_ranks, count(*) AS n_windows, max(world_size) AS world_size,
                any_value(backend) AS backend, min(start_ts_ns) AS start_ts_ns, max(end_ts_ns) AS end_ts_ns
         FROM ranks GROUP BY run""")
+    con.execute(_COMMS_FR)
+    _result_views(con, store, manifest)
     return con
+
+
+def _result_views(con, store: Path, manifest: Manifest) -> None:
+    """``result_<analysis>`` views over what ``traceanalyzer analyze`` saved (empty when not run)."""
+    saved = manifest.extra.get("results", {})
+    for name, table in S.RESULTS.items():
+        files = [str(store / f) for f in saved.get(name, {}).get("files", {}).values()]
+        if files:
+            con.execute(f"CREATE VIEW result_{name} AS SELECT * FROM read_parquet({_sql_list(files)}, union_by_name = true)")
+        else:
+            cols = ", ".join(f"NULL::{_DUCK_TYPES[str(c.type)]} AS \"{c.name}\"" for c in table.columns)
+            con.execute(f"CREATE VIEW result_{name} AS SELECT {cols} WHERE false")
+
+
+#: comms joined to their Flight Recorder entry (columns declared in schema.COMMS_FR).
+_COMMS_FR = """
+    CREATE VIEW comms_fr AS
+    WITH fr AS (
+        SELECT run, rank, pg_name, collective_seq_id, record_id, profiling_name, state, time_created_ns,
+               time_discovered_started_ns, time_discovered_completed_ns, duration_ns, input_sizes, frames_json,
+               count(*) OVER (PARTITION BY run, rank, pg_name, collective_seq_id) AS n_entries
+        FROM fr_entries WHERE NOT is_p2p
+        QUALIFY row_number() OVER (PARTITION BY run, rank, pg_name, collective_seq_id
+                                   ORDER BY op_id DESC, record_id DESC) = 1)
+    SELECT c.*, fr.record_id IS NOT NULL AS fr_matched, coalesce(fr.n_entries, 0) AS fr_n_entries,
+           fr.record_id AS fr_record_id, fr.profiling_name AS fr_profiling_name, fr.state AS fr_state,
+           fr.time_created_ns AS fr_time_created_ns, fr.time_discovered_started_ns AS fr_started_ns,
+           fr.time_discovered_completed_ns AS fr_completed_ns, fr.duration_ns AS fr_duration_ns,
+           fr.input_sizes AS fr_input_sizes, fr.frames_json AS fr_frames_json
+    FROM comms c LEFT JOIN fr
+      ON fr.run = c.run AND fr.rank = c.rank AND fr.pg_name = c.pg_name AND fr.collective_seq_id = c.seq
+    WHERE NOT c.is_p2p AND c.seq_source IN ('flight_recorder', 'nccl_seq')"""
 
 
 def write_table(table: pa.Table, path: Path) -> None:

@@ -11,6 +11,7 @@ effect if set before `init_process_group`.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -27,11 +28,30 @@ def enable_flight_recorder(entries: int = FR_BUFFER_ENTRIES) -> None:
 
 
 def dump_flight_recorder(path: Path) -> bool:
-    """Write this process's FR buffer as JSON to `path`; False if this torch cannot dump."""
+    """Write this process's FR buffer as JSON, with stack frames, to `path`; False if this torch
+    cannot dump.
+
+    torch 2.13's `_dump_fr_trace_json()` leaves out the entries' stack `frames`; its pickle dump
+    `_dump_fr_trace()` has them. So the pickle is dumped here, in our own process, read back with
+    the plain-data unpickler and written as JSON (same keys as torch's JSON; tuples become lists,
+    missing times stay null, and "dumped_by" says where it came from). Torch's own JSON dump is
+    the fallback. The file is written whole or not at all (write, then rename).
+    """
     import torch
 
-    dump = getattr(torch._C._distributed_c10d, "_dump_fr_trace_json", None)
-    if dump is None:
+    c10d = torch._C._distributed_c10d
+    data = None
+    if hasattr(c10d, "_dump_fr_trace"):
+        from traceanalyzer.safe_pickle import load_plain
+
+        doc = load_plain(c10d._dump_fr_trace(), "<this process's Flight Recorder>")
+        doc["dumped_by"] = "traceanalyzer.collect: torch._C._distributed_c10d._dump_fr_trace() as JSON"
+        data = json.dumps(doc, separators=(",", ":")).encode()
+    elif hasattr(c10d, "_dump_fr_trace_json"):
+        data = c10d._dump_fr_trace_json()
+    if data is None:
         return False
-    Path(path).write_bytes(dump())
+    tmp = Path(f"{path}.tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
     return True

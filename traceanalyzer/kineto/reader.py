@@ -8,6 +8,7 @@ C and a typed decode creates no dicts, which keeps the garbage collector out of 
 from __future__ import annotations
 
 import gzip
+import re
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
@@ -124,6 +125,12 @@ def read_trace(path: str | Path) -> RawTrace:
     return RawTrace(path, meta, events_raw, len(data), skipped)
 
 
+def _error_at_end(msg: str, size: int) -> bool:
+    """msgspec reports a file cut inside a number as 'invalid number (byte N)' at the very end."""
+    m = re.search(r"\(byte (\d+)\)", msg)
+    return bool(m) and int(m.group(1)) >= size - 1
+
+
 def _decode_top(path: Path, data: bytes, skipped: Counter) -> Any:
     try:
         return msgspec.json.decode(data, type=dict[str, msgspec.Raw])
@@ -132,7 +139,7 @@ def _decode_top(path: Path, data: bytes, skipped: Counter) -> Any:
     except msgspec.DecodeError as exc:
         msg = str(exc)
         if "utf-8" not in msg.lower():
-            if "truncated" in msg.lower():
+            if "truncated" in msg.lower() or _error_at_end(msg, len(data)):
                 raise TraceInputError(path, "truncated JSON (the file ends in the middle of the data)") from None
             raise TraceInputError(path, f"invalid JSON ({msg})") from None
     # Names with invalid UTF-8 bytes (seen with C++ symbol names): replace and count them.

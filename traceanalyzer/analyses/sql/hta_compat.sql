@@ -26,17 +26,22 @@
 --   4. the kernel type [2], by name only: ^nccl.*Kernel COMMUNICATION; ^Memcpy, ^Memset, ^dma
 --      MEMORY; names containing Memcpy or Sync OTHER; everything else COMPUTATION (so non-NCCL
 --      communication kernels such as multimem_all_reduce_kernel are COMPUTATION).
---   5. merged intervals, all streams together, as HTA's merge_kernel_intervals: sorted by start, an
---      interval opens a new group when it starts after the largest end so far; a group is
---      [min start, max end]. Merged per set: ALL (G), COMPUTATION, COMMUNICATION, MEMORY.
---   6. a sweep over the merged COMPUTATION (bit 1), COMMUNICATION (2) and MEMORY (4) intervals:
---      between consecutive timestamps the running sum is the set of types active, HTA's Venn
---      regions [5]; overlap [4] is the regions holding bits 1 and 2.
+--   5. merged intervals per kernel type, all streams together, as HTA's merge_kernel_intervals:
+--      sorted by start, an interval opens a new group when it starts after the largest end so far;
+--      a group is [min start, max end].
+--   6. a sweep over the merged intervals with one bit per type (1 COMPUTATION, 2 COMMUNICATION,
+--      4 MEMORY, 8 OTHER): between consecutive bounds the running sum says which types are active.
+--      Everything is read off these segments: |∪G| (any bit), compute time (bit 1), overlap [4]
+--      (bits 1 and 2) over communication time (bit 2), and HTA's Venn regions [5] (bits 1, 2, 4).
+--      Only kernel_time (first start to last end of G) comes from the events themselves.
 -- Times come out in µs like HTA's (its columns say "(us)"); percentages are 0-100, given both
 -- unrounded (*_pct) and rounded as HTA rounds them (*_pctg, percentage). Not reproduced: events
 -- that HTA loads but we drop or repair at ingest (negative or absurd durations, complete events
 -- without dur: counted in ranks.skipped_json); HTA's handling of rows whose rounded duration is
--- negative (none in the reference traces); a `stream` arg that is a bool (int(True) = 1 for HTA).
+-- negative (none in the reference traces); a `stream` arg that is a bool (int(True) = 1 for HTA);
+-- an Event Sync / Context Sync row with a stream arg but no correlation (HTA's join would pair it
+-- with every launch-side row without one). Ranks are ours (distributedInfo), not HTA's (the first
+-- '"rank": N' in the file text); they agree on every reference trace.
 
 -- Per trace file: how HTA loads it.
 -- Columns: run, rank, window_id, base_time_ns, rounds_to_us (some ts of the file, event or flow, has a

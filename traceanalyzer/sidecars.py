@@ -1,0 +1,229 @@
+"""Per-process inputs beside the traces ("sidecars"): find them, parse them, commit them.
+
+What ingest accepts besides Kineto traces, and how each is recognised (folders are searched
+recursively; a file named on the command line is classified the same way):
+
+| kind | files | table(s) |
+|---|---|---|
+| ``flight_recorder`` | ``rank{R}.fr.json`` (the collector's), ``rank{R}.fr.pkl``, torch's ``nccl_trace_rank_{R}`` (JSON or pickle; pickles through :mod:`traceanalyzer.safe_pickle`) | ``fr_dumps``, ``fr_entries`` |
+| ``nccl_log`` | ``*.nccl.log``, ``*.nccl.txt``, ``nccl_debug*.log/.txt`` (``.gz`` too), any ``.log``/``.txt`` whose first 64 KiB hold ``NCCL INFO`` lines, and every ``--nccl-log`` file | ``nccl_log_ops`` |
+| ``nccl_inspector`` | ``*.log``/``*.jsonl`` whose first line is an Inspector record (``<host>-pid<pid>.log``) | ``nccl_inspector_ops`` |
+| ``nccl_profiler`` | ``*.txt`` that start with ``[`` and a Chrome-trace event (``<prefix>-<host>-<tid>.txt``) | ``nccl_profiler_events`` |
+
+Their tables are partitioned by (run, rank) only. A source file already in the store for the run
+is skipped (counted ``already_in_store``); a second, different Flight Recorder dump for one rank of
+a run is an error (its entries would count twice).
+
+Also here: the check that a trace's rank agrees with the ``rank{R}.manifest.json`` beside it.
+"""
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import schema as S
+from . import store as st
+from .errors import TraceInputError
+
+SNIFF_BYTES = 64 * 1024
+_TEXT_SUFFIXES = (".log", ".txt", ".jsonl", ".log.gz", ".txt.gz", ".jsonl.gz")
+KIND_TABLES = {"flight_recorder": ("fr_dumps", "fr_entries"), "nccl_log": ("nccl_log_ops",),
+               "nccl_inspector": ("nccl_inspector_ops",), "nccl_profiler": ("nccl_profiler_events",)}
+KIND_WORDS = {"flight_recorder": ("Flight Recorder dump", "entries"), "nccl_log": ("NCCL log", "ops"),
+              "nccl_inspector": ("NCCL Inspector log", "records"), "nccl_profiler": ("NCCL profiler dump", "events")}
+
+
+@dataclass
+class Sidecar:
+    kind: str
+    path: Path
+    rank: int | None = None  # known before parsing (the trace it sits beside)
+
+
+@dataclass
+class SidecarSummary:
+    """What one per-process input gave."""
+    kind: str
+    path: str
+    rank: int
+    rank_source: str
+    counts: dict[str, int]
+    skipped: dict[str, int]
+    staged: dict[str, str] = field(default_factory=dict)
+
+
+def classify(paths: list[Path], nccl_logs: list[Path] = ()) -> tuple[list[Path], list[Sidecar]]:
+    """Split the inputs into trace paths (files and folders, for :func:`ingest.find_traces`) and
+    per-process inputs."""
+    from .flight_recorder import is_fr_name
+    traces, side = [], []
+    for p in nccl_logs:
+        if not p.is_file():
+            raise TraceInputError(p, "no such NCCL log file")
+        side.append(Sidecar("nccl_log", p))
+    forced = {p.resolve() for p in nccl_logs}
+    for p in paths:
+        if p.is_dir():
+            traces.append(p)
+            for f in sorted(p.rglob("*")):
+                kind = _kind(f, explicit=False) if f.is_file() and f.resolve() not in forced else None
+                if kind:
+                    side.append(Sidecar(kind, f))
+        elif p.is_file():
+            kind = "flight_recorder" if is_fr_name(p) or p.suffix in (".pkl", ".pickle") else _kind(p, explicit=True)
+            if kind:
+                if p.resolve() not in forced:
+                    side.append(Sidecar(kind, p))
+            else:
+                traces.append(p)
+        else:
+            traces.append(p)  # find_traces reports it
+    return traces, side
+
+
+def _kind(path: Path, explicit: bool) -> str | None:
+    from .flight_recorder import is_fr_name
+    from .nccl_logs import NAME_RE, looks_like_nccl_log
+    from .nccl_plugins import looks_like_inspector, looks_like_profiler_dump
+    if is_fr_name(path):
+        return "flight_recorder"
+    if not path.name.endswith(_TEXT_SUFFIXES):
+        return None
+    head = _head(path)
+    if NAME_RE.search(path.name) or looks_like_nccl_log(head):
+        return "nccl_log"
+    if looks_like_inspector(head):
+        return "nccl_inspector"
+    if looks_like_profiler_dump(head):
+        return "nccl_profiler"
+    if explicit:
+        raise TraceInputError(path, "not a recognised input: not a Kineto trace (.json/.json.gz), Flight Recorder "
+                                    "dump, NCCL debug log (use --nccl-log for any name), NCCL Inspector log or "
+                                    "NCCL profiler plugin dump")
+    return None
+
+
+def _head(path: Path) -> str:
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(SNIFF_BYTES)
+        if path.suffix == ".gz":
+            import zlib
+            data = zlib.decompressobj(31).decompress(data, SNIFF_BYTES)
+    except Exception:  # unreadable, or not gzip after all: not one of ours
+        return ""
+    return data.decode("utf-8", errors="replace")
+
+
+def parse(sc: Sidecar, rank_arg: int | None, staging: Path) -> SidecarSummary:
+    """Parse one input and stage its tables (parquet files under ``staging``)."""
+    from .nccl_logs import rank_from_name, read_nccl_log
+    from .nccl_plugins import read_inspector, read_profiler_dump
+    if sc.kind == "flight_recorder":
+        from .flight_recorder import fr_tables, read_fr_dump
+        dump = read_fr_dump(sc.path)
+        rank, source = (sc.rank, "trace") if sc.rank is not None else (rank_from_name(sc.path), "file_name")
+        if rank is None:
+            rank, source = rank_arg, "argument"
+        if rank is None:
+            raise TraceInputError(sc.path, "cannot tell the rank of this Flight Recorder dump: name it rank{R}.fr.json "
+                                           "(or nccl_trace_rank_{R}) or pass --rank")
+        tables = fr_tables(dump)
+        counts = {"fr_entries": tables["fr_entries"].num_rows}
+        skipped = {"fr.malformed_entries": dump.n_skipped} if dump.n_skipped else {}
+        path = dump.path
+    else:
+        reader = {"nccl_log": read_nccl_log, "nccl_inspector": read_inspector, "nccl_profiler": read_profiler_dump}[sc.kind]
+        log = reader(sc.path, sc.rank if sc.rank is not None else rank_arg)
+        rank, source, counts, skipped, path = log.rank, log.rank_source, log.counts, log.skipped, log.path
+        tables = {KIND_TABLES[sc.kind][0]: log.table}
+    folder = staging / uuid.uuid4().hex
+    folder.mkdir(parents=True)
+    staged = {}
+    for name, table in tables.items():
+        out = folder / f"{name}.parquet"
+        st.write_table(table.select(S.TABLES[name].column_names), out)
+        staged[name] = str(out)
+    return SidecarSummary(sc.kind, path, rank, source, counts, skipped, staged)
+
+
+def parse_all(side: list[Sidecar], rank_arg: int | None, staging: Path, manifest: st.Manifest,
+              run: str, skip=frozenset()) -> tuple[list[SidecarSummary], int]:
+    """Parse the inputs not yet in the store (nor in ``skip``: (kind, resolved path) pairs already
+    parsed); returns (summaries, inputs skipped as already in the store)."""
+    have = {(s["run"], s["kind"], s["source_file"]) for s in manifest.sidecars}
+    seen, out, already = set(skip), [], 0
+    for sc in side:
+        key = (sc.kind, str(sc.path.resolve()))
+        if key in seen:
+            continue
+        seen.add(key)
+        if (run, *key) in have:
+            already += 1
+            continue
+        out.append(parse(sc, rank_arg, staging))
+    return out, already
+
+
+def check_unique(summaries: list[SidecarSummary], manifest: st.Manifest, run: str) -> None:
+    """One Flight Recorder dump per rank of a run: two would count every collective twice."""
+    owner = {s["rank"]: s["source_file"] for s in manifest.sidecars if s["run"] == run and s["kind"] == "flight_recorder"}
+    for s in summaries:
+        if s.kind != "flight_recorder":
+            continue
+        if s.rank in owner and owner[s.rank] != s.path:
+            raise TraceInputError(s.path, f"rank {s.rank} of run '{run}' already has a Flight Recorder dump "
+                                          f"({owner[s.rank]}); ingest only one per rank, or use another --run")
+        owner[s.rank] = s.path
+
+
+def commit(store: Path, manifest: st.Manifest, run: str, summaries: list[SidecarSummary], gen: int) -> None:
+    """Move the staged files into their (run, rank) partitions and list them in the manifest
+    (the caller writes the manifest: that is the commit point)."""
+    import os
+    for i, s in enumerate(summaries):
+        files = {}
+        for table, staged in s.staged.items():
+            rel = f"{st.partition_dir(table, run, s.rank)}/part-{gen}-{i}.parquet"
+            (store / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(staged, store / rel)
+            files[table] = rel
+        manifest.sidecars.append({"run": run, "rank": s.rank, "kind": s.kind, "source_file": s.path,
+                                  "rank_source": s.rank_source, "counts": s.counts, "skipped": s.skipped,
+                                  "files": files})
+
+
+def summary_line(summaries: list[SidecarSummary], already: int) -> str:
+    if not summaries and not already:
+        return ""
+    parts = []
+    for kind, (word, unit) in KIND_WORDS.items():
+        mine = [s for s in summaries if s.kind == kind]
+        if mine:
+            rows = sum(sum(v for k, v in s.counts.items() if k in S.TABLES) for s in mine)
+            parts.append(f"{len(mine)} {word}(s) ({rows:,} {unit})")
+    if already:
+        parts.append(f"{already} already in the store")
+    return "  per-process inputs: " + ", ".join(parts)
+
+
+def check_rank_manifest(trace_path: str | Path, rank: int, rank_source: str) -> None:
+    """The collector's ``rank{R}.manifest.json`` says which traces rank R wrote; a trace whose own
+    rank disagrees is refused (a renamed or mixed-up file would join the wrong rank's data)."""
+    trace_path = Path(trace_path)
+    from .nccl_logs import rank_from_name
+    named = rank_from_name(trace_path)
+    for m in sorted(trace_path.parent.glob("rank*.manifest.json")):
+        try:
+            doc = json.loads(m.read_text())
+            claimed = int(doc["rank"])
+            listed = doc.get("files", {}).get("traces") or []
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            raise TraceInputError(m, "unreadable rank manifest (expected the collector's JSON with 'rank' and "
+                                     "'files.traces'); fix or remove it") from None
+        mentions = trace_path.name in listed or (not listed and m.name == f"rank{named}.manifest.json")
+        if mentions and claimed != rank:
+            raise TraceInputError(trace_path, f"rank mismatch: {m.name} says this is rank {claimed}'s trace, but its "
+                                              f"{rank_source} says rank {rank}; fix or remove the manifest")
