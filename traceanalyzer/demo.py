@@ -2,7 +2,8 @@
 
 With ``--record`` it records a fresh, real 2-rank gloo DDP run with torchrun (needs the ``collect``
 extra); otherwise it uses the real runs shipped in ``traces/``. Either way it ingests them into the
-store and prints what the store holds and how the collectives line up across ranks.
+store, prints what the store holds and how the collectives line up across ranks, and runs the
+analyses (stragglers, imbalance, pipeline bubbles, overlap, critical path), saving their results.
 """
 from __future__ import annotations
 
@@ -55,5 +56,8 @@ def demo(store: str, record: bool = False) -> int:
     print(con.sql(_JOINED).df().to_string(index=False))
     print("\nstep time per rank:")
     print(con.sql(_STEP_TIMES).df().to_string(index=False))
-    print(f"\nquery it yourself: traceanalyzer sql {store_path} \"SELECT * FROM comms LIMIT 5\"")
+    from .analyses.results import analyze, format_text
+    print("\nanalyses (saved in the store; `traceanalyzer analyze STORE --json` for bots):")
+    print(format_text(analyze(store_path), {}))
+    print(f"\nquery it yourself: traceanalyzer sql {store_path} \"SELECT * FROM result_stragglers\"")
     return 0
