@@ -1,4 +1,4 @@
-"""Command line: ``traceanalyzer ingest|info|sql|analyze|desync|schema|demo``.
+"""Command line: ``traceanalyzer ingest|info|sql|analyze|report|diff|export|desync|schema|demo``.
 
 Errors are one line (which file, what is wrong, what to do) and a non-zero exit; ``--debug``
 shows the traceback.
@@ -93,6 +93,46 @@ def _cmd_schema(args) -> int:
     return 0
 
 
+def _cmd_report(args) -> int:
+    from . import report as rp
+    from .report.findings import ms
+    rules = rp.parse_fail_on(args.fail_on or [])  # bad rules fail before any work
+    fmt = rp.format_for(args.output or "", args.format)
+    out = args.output or f"report.{fmt}"
+    rep = rp.build_report(args.store, run=args.run, progress=lambda m: print(m, file=sys.stderr))
+    rp.write_report(rep, out, fmt)
+    print(f"wrote {out} ({fmt}, {len(rep.runs)} run{'s' if len(rep.runs) != 1 else ''})")
+    for rr in rep.runs:
+        top = rr.findings[0] if rr.findings else None
+        print(f"  {rr.run}: " + (f"#1 {top.title}, {ms(top.recoverable_ns_per_step)} per step "
+                                 f"({top.recoverable_pct:.1f}% of the step) recoverable" if top else "no findings"))
+    failed = rp.check({rr.run: rr.metrics for rr in rep.runs}, rules)
+    if failed:
+        print(f"traceanalyzer: fail-on: {'; '.join(failed)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _cmd_diff(args) -> int:
+    from .diff import diff_runs
+    d = diff_runs(args.store_a, args.store_b, run_a=args.run_a, run_b=args.run_b)
+    print(d.to_json() if args.json else d.text(top=args.top))
+    return 0
+
+
+def _cmd_export(args) -> int:
+    from .export import export_trace, write_trace
+    if args.rank is None and not args.all_ranks:
+        raise TraceAnalyzerError("export: give --rank K or --all-ranks")
+    doc = export_trace(args.store, run=args.run, rank=None if args.all_ranks else args.rank,
+                       overlays=not args.no_overlays)
+    write_trace(doc, args.output)
+    n = sum(1 for e in doc["traceEvents"] if e.get("ph") in ("X", "i"))
+    print(f"wrote {args.output}: {n} events of run '{doc['otherData']['run']}' "
+          f"({'all ranks' if args.all_ranks else f'rank {args.rank}'}); open it in https://ui.perfetto.dev")
+    return 0
+
+
 def _cmd_demo(args) -> int:
     from .demo import demo
     return demo(args.store, record=args.record)
@@ -153,6 +193,38 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("schema", help="print every table and column of the store schema")
     s.set_defaults(func=_cmd_schema)
+
+    s = sub.add_parser("report", help="a report of the findings ranked by recoverable time, with figures "
+                                      "(self-contained HTML, Markdown or JSON)")
+    s.add_argument("store")
+    s.add_argument("--run", help="only this run (default: every run of the store)")
+    s.add_argument("-o", "--output", help="output file (default: report.<format>)")
+    s.add_argument("--format", choices=("html", "md", "json"), help="default: from the output's extension, else html")
+    from .report.metrics import METRICS
+    s.add_argument("--fail-on", action="extend", nargs="+", metavar="KEY>VALUE",
+                   help="exit 1 with a one-line reason when a metric crosses a threshold (quote it for the shell: "
+                        "'slowdown_pct>10'); also >=, <, <=, ==. Keys: " + ", ".join(METRICS))
+    s.set_defaults(func=_cmd_report)
+
+    s = sub.add_parser("diff", help="compare two runs: step time, breakdown, ops and kernels, collectives; "
+                                    "changes ranked by impact")
+    s.add_argument("store_a", help="store of the baseline run")
+    s.add_argument("store_b", nargs="?", help="store of the other run (default: the same store)")
+    s.add_argument("--run-a", help="baseline run (needed when STORE_A holds several)")
+    s.add_argument("--run-b", help="other run (needed when STORE_B holds several)")
+    s.add_argument("--top", type=int, default=15, help="changes listed (default 15)")
+    s.add_argument("--json", action="store_true", help="print one JSON document")
+    s.set_defaults(func=_cmd_diff)
+
+    s = sub.add_parser("export", help="write a Chrome/Perfetto JSON trace of the stored events with overlay "
+                                      "tracks for the findings")
+    s.add_argument("store")
+    s.add_argument("--run", help="the run (needed when the store holds several)")
+    s.add_argument("--rank", type=int, help="the rank to export")
+    s.add_argument("--all-ranks", action="store_true", help="every rank of the run, one process each")
+    s.add_argument("-o", "--output", required=True, help="output .json (or .json.gz)")
+    s.add_argument("--no-overlays", action="store_true", help="only the original events")
+    s.set_defaults(func=_cmd_export)
 
     s = sub.add_parser("demo", help="the main job: record (or use shipped) real gloo traces, ingest, summarise")
     s.add_argument("--store", default="store", help="store folder (default: ./store)")

@@ -418,6 +418,11 @@ RESULTS: dict[str, Table] = {t.name: t for t in (
         ("memory_ns", I64, _NS, "memcpy/memset with nothing else"), ("idle_ns", I64, _NS, "nothing running"),
         ("compute_pct", F64, "%", "of span"), ("comm_pct", F64, "%", "of span"), ("memory_pct", F64, "%", "of span"),
         ("idle_pct", F64, "%", "of span")]),
+    _r("temporal_ranks", "Compute / exposed communication / memory / idle per rank over its whole window (all steps swept together, as HTA).", _RUN_RANK + [
+        ("span_ns", I64, _NS, "first to last activity"), ("compute_ns", I64, _NS, "compute"),
+        ("comm_ns", I64, _NS, "communication with no compute"), ("memory_ns", I64, _NS, "memcpy/memset with nothing else"),
+        ("idle_ns", I64, _NS, "nothing running"), ("compute_pct", F64, "%", "of span"), ("comm_pct", F64, "%", "of span"),
+        ("memory_pct", F64, "%", "of span"), ("idle_pct", F64, "%", "of span")]),
     _r("kernel_breakdown", "Top kernels (GPU) or CPU operators per rank and category.", _RUN_RANK + [
         ("category", STR, "", "compute, comm or memory"), ("name", STR, "", "kernel or operator name"),
         ("count", I64, "", "occurrences"), ("total_ns", I64, _NS, "total time"), ("mean_ns", F64, _NS, "mean"),

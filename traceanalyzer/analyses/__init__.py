@@ -112,8 +112,11 @@ def exposed_comm(store_or_con, run: str | None = None, **params) -> pd.DataFrame
     return _query(store_or_con, "SELECT * FROM exposed_comm{where} ORDER BY run, rank_order", run, params)
 
 
-def temporal_breakdown(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
-    """Compute / communication / memory / idle time per rank and step, over merged intervals."""
+def temporal_breakdown(store_or_con, run: str | None = None, per: str = "step", **params) -> pd.DataFrame:
+    """Compute / communication / memory / idle time over merged intervals, per 'step' (and rank)
+    or per 'rank' (all steps swept together)."""
+    if per == "rank":
+        return _query(store_or_con, "SELECT * FROM temporal_ranks{where} ORDER BY run, rank", run, params)
     return _query(store_or_con, "SELECT * FROM temporal_breakdown{where} ORDER BY run, rank, step", run, params)
 
 

@@ -30,6 +30,7 @@ QUERIES: dict[str, str] = {
     "overlap": "SELECT * FROM overlap_ranks ORDER BY run, rank",
     "exposed_comm": "SELECT * FROM exposed_comm WHERE rank_order <= getvariable('exposed_top') ORDER BY run, rank_order",
     "temporal_breakdown": "SELECT * FROM temporal_breakdown ORDER BY run, rank, step",
+    "temporal_ranks": "SELECT * FROM temporal_ranks ORDER BY run, rank",
     "kernel_breakdown": "SELECT * FROM kernel_breakdown WHERE rank_in_category <= getvariable('kernels_top') "
                         "ORDER BY run, rank, category, rank_in_category",
     "imbalance": "SELECT * FROM imbalance_ranks ORDER BY run, rank_order",
@@ -209,9 +210,9 @@ def format_text(results: dict[str, pd.DataFrame], params: dict) -> str:
             total = cp.sum()
             top = ", ".join(f"rank {r} {lab} {100 * v / total:.0f}%" for (r, lab), v in cp.head(3).items())
             lines.append(f"critical path (all steps): {top}")
-        if "temporal_breakdown" in sel and not sel["temporal_breakdown"].empty:
-            t = sel["temporal_breakdown"]
-            lines.append("time: compute {:.1f}%, exposed comm {:.1f}%, memory {:.1f}%, idle {:.1f}% (mean over ranks and steps)".format(
+        if "temporal_ranks" in sel and not sel["temporal_ranks"].empty:
+            t = sel["temporal_ranks"]
+            lines.append("time: compute {:.1f}%, exposed comm {:.1f}%, memory {:.1f}%, idle {:.1f}% (mean over ranks)".format(
                 t["compute_pct"].mean(), t["comm_pct"].mean(), t["memory_pct"].mean(), t["idle_pct"].mean()))
         lines.append("")
     return "\n".join(lines).rstrip()

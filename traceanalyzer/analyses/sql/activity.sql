@@ -39,15 +39,18 @@ FROM comms c ANTI JOIN gpu_windows g USING (run, rank, window_id)
 LEFT JOIN events e ON e.run = c.run AND e.rank = c.rank AND e.window_id = c.window_id AND e.event_id = c.exec_event_id
 WHERE c.dur_ns > 0;
 
--- Columns: run, rank, window_id, step, lo_ns, hi_ns, dur_ns, label (compute/comm/memory/idle),
--- n_compute, n_comm, n_memory (intervals of each category active in the segment).
-CREATE OR REPLACE TEMP VIEW activity_segments AS
+-- The sweep, as a table macro: per_step = true keeps each step's intervals apart (per-step views),
+-- false sweeps the whole window of a rank at once (per-rank views: GPU work of step N that runs
+-- while step N+1's kernels run is then merged with them, as on the device).
+-- Columns: run, rank, window_id, step (NULL when per_step is false), lo_ns, hi_ns, dur_ns, label
+-- (compute/comm/memory/idle), n_compute, n_comm, n_memory (intervals of each category active).
+CREATE OR REPLACE TEMP MACRO activity_sweep(per_step) AS TABLE
 WITH deltas AS (
-    SELECT run, rank, window_id, step, lo_ns AS t,
+    SELECT run, rank, window_id, CASE WHEN per_step THEN step END AS step, lo_ns AS t,
            (category = 'compute')::INT AS d_compute, (category = 'comm')::INT AS d_comm, (category = 'memory')::INT AS d_memory
     FROM activity_intervals
     UNION ALL
-    SELECT run, rank, window_id, step, hi_ns,
+    SELECT run, rank, window_id, CASE WHEN per_step THEN step END, hi_ns,
            -(category = 'compute')::INT, -(category = 'comm')::INT, -(category = 'memory')::INT
     FROM activity_intervals
 ),
@@ -67,3 +70,9 @@ SELECT run, rank, window_id, step, lo_ns, hi_ns, hi_ns - lo_ns AS dur_ns,
             ELSE 'idle' END AS label,
        n_compute, n_comm, n_memory
 FROM running WHERE hi_ns IS NOT NULL AND hi_ns > lo_ns;
+
+-- Per step (see activity_sweep).
+CREATE OR REPLACE TEMP VIEW activity_segments AS SELECT * FROM activity_sweep(true);
+
+-- Per rank and window, all steps together (see activity_sweep).
+CREATE OR REPLACE TEMP VIEW activity_window_segments AS SELECT * FROM activity_sweep(false);

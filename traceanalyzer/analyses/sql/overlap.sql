@@ -19,12 +19,17 @@ SELECT run, rank, step,
        100.0 * coalesce(sum(dur_ns) FILTER (WHERE label = 'comm'), 0) / nullif(max(hi_ns) - min(lo_ns), 0) AS exposed_pct_of_step
 FROM activity_segments GROUP BY ALL;
 
--- Per rank over the whole window (what HTA reports per rank).
+-- Per rank over its whole window(s) (what HTA reports per rank): one sweep over all steps, so that
+-- communication of one step overlapped by compute of the next counts as overlapped.
 -- Columns: run, rank, comm_ns, overlapped_ns, exposed_ns, overlap_pct.
 CREATE OR REPLACE TEMP VIEW overlap_ranks AS
-SELECT run, rank, sum(comm_ns) AS comm_ns, sum(overlapped_ns) AS overlapped_ns, sum(exposed_ns) AS exposed_ns,
-       100.0 * sum(overlapped_ns) / nullif(sum(comm_ns), 0) AS overlap_pct
-FROM overlap_steps GROUP BY ALL;
+SELECT run, rank,
+       coalesce(sum(dur_ns) FILTER (WHERE n_comm > 0), 0) AS comm_ns,
+       coalesce(sum(dur_ns) FILTER (WHERE n_comm > 0 AND n_compute > 0), 0) AS overlapped_ns,
+       coalesce(sum(dur_ns) FILTER (WHERE label = 'comm'), 0) AS exposed_ns,
+       100.0 * coalesce(sum(dur_ns) FILTER (WHERE n_comm > 0 AND n_compute > 0), 0)
+             / nullif(sum(dur_ns) FILTER (WHERE n_comm > 0), 0) AS overlap_pct
+FROM activity_window_segments GROUP BY run, rank;
 
 -- Exposed communication intervals, largest first.
 -- Columns: run, rank, window_id, step, lo_ns, hi_ns, exposed_ns, op, pg, seq, bytes (of the
