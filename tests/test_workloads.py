@@ -136,3 +136,17 @@ def test_packages_import_without_torch():
     code = ("import sys; sys.modules['torch'] = None\n"  # makes `import torch` fail
             "import traceanalyzer, traceanalyzer.collect, traceanalyzer.workloads\n")
     subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, check=True)
+
+
+@pytest.mark.launch
+def test_collector_ingests_straight_into_a_store(tmp_path):
+    """`profile(..., store=...)`: rank 0 ingests the whole run once every rank has written it."""
+    import traceanalyzer as ta
+    store = tmp_path / "store"
+    launch(2, ["ddp", "--run-name", "direct", "--store", str(store)], tmp_path)
+    con = ta.open(store)
+    assert con.execute("SELECT count(DISTINCT rank) FROM ranks WHERE run = 'direct'").fetchone()[0] == 2
+    joined = con.execute("""SELECT count(*) FROM (SELECT seq FROM comms WHERE run = 'direct' AND NOT is_p2p
+                            GROUP BY pg_name, seq HAVING count(DISTINCT rank) = 2)""").fetchone()[0]
+    assert joined > 0
+    assert con.execute("SELECT count(*) FROM fr_entries WHERE run = 'direct'").fetchone()[0] > 0

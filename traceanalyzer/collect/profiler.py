@@ -54,13 +54,16 @@ def _resolve_run_id(run: str | None) -> str:
 @contextlib.contextmanager
 def profile(out_dir: str | Path, run: str | None = None, wait: int = 1, warmup: int = 1,
             active: int = 3, record_shapes: bool = True, layout: Mapping | None = None,
-            ground_truth: Mapping | None = None, repeat: int = 0) -> Iterator[Collector]:
+            ground_truth: Mapping | None = None, repeat: int = 0,
+            store: str | Path | None = None) -> Iterator[Collector]:
     """Profile this rank of a (torchrun) job; enter it on every rank, after init_process_group.
 
     `wait`/`warmup`/`active`/`repeat` are torch.profiler.schedule's; each cycle ("window")
     becomes one trace file. `record_shapes` stays on by default: gloo message sizes
     exist only as op input shapes. `layout` is the declared parallel layout
-    (e.g. {"dp": 4}), `ground_truth` what faults the workload injected.
+    (e.g. {"dp": 4}), `ground_truth` what faults the workload injected. With `store`, rank 0
+    ingests the whole run into that store once every rank has written its files (a clean exit
+    only: after an error the files stay for `traceanalyzer ingest`).
     """
     import torch
     from torch.profiler import ProfilerActivity, schedule
@@ -95,6 +98,21 @@ def profile(out_dir: str | Path, run: str | None = None, wait: int = 1, warmup: 
         raise
     finally:
         _write_outputs(collector, clock, exit_status, layout, ground_truth)
+    if store is not None:
+        _ingest_run(collector, store)
+
+
+def _ingest_run(collector: Collector, store: str | Path) -> None:
+    """Rank 0 ingests the run folder after a barrier (every rank's trace, FR dump, manifest)."""
+    dist = _dist()
+    if dist:
+        dist.barrier()
+    if collector.rank == 0:
+        from ..ingest import ingest
+        report = ingest([collector.run_dir], store, run=collector.run, workers=1)
+        print(f"traceanalyzer.collect: {report.summary()}", file=sys.stderr)
+    if dist:
+        dist.barrier()  # nobody tears the group down while rank 0 still ingests
 
 
 def _write_outputs(collector: Collector, clock: dict[str, int], exit_status: str,

@@ -39,13 +39,15 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prof-warmup", type=int, default=1)
     p.add_argument("--prof-active", type=int, default=3)
     p.add_argument("--prof-repeat", type=int, default=1)
+    p.add_argument("--store", default=None, help="also ingest the run into this store at the end (rank 0)")
     p.add_argument("--no-pin", dest="pin", action="store_false",
                    help="do not pin each rank (and its gloo threads) to one CPU core")
 
 
 def profile_kwargs(args: argparse.Namespace) -> dict:
     return {"out_dir": args.out, "run": args.run, "wait": args.prof_wait,
-            "warmup": args.prof_warmup, "active": args.prof_active, "repeat": args.prof_repeat}
+            "warmup": args.prof_warmup, "active": args.prof_active, "repeat": args.prof_repeat,
+            "store": args.store}
 
 
 def pin_to_core() -> None:
