@@ -133,6 +133,31 @@ def _cmd_export(args) -> int:
     return 0
 
 
+def _cmd_replay(args) -> int:
+    from . import replay as rp
+    plan = rp.load_plan(args.plan)  # a bad plan fails before any work
+    g = rp.build_graph(args.store, run=args.run)
+    sim = rp.Simulator(g)
+    res = rp.what_if(g, plan, sim=sim)
+    e = res.identity_error
+    print(f"run '{g.run}', plan '{plan['name']}': {g.n:,} nodes, {len(g.src):,} edges; identity-replay error "
+          f"median {100 * e['median']:.2f}%, P90 {100 * e['p90']:.2f}% over {e['n']} rank-steps")
+    per_rank = res.steps.groupby("rank")[["measured_ns", "identity_ns", "predicted_ns", "delta_ns"]].mean() / 1e6
+    print(per_rank.round(3).rename(columns=lambda c: c.replace("_ns", "_ms")).to_string())
+    print(f"job step (slowest rank, mean over steps): identity {res.job_step_ns('identity_ns') / 1e6:.3f} ms, "
+          f"predicted {res.job_step_ns() / 1e6:.3f} ms")
+    if args.straggler_metrics:
+        m = rp.straggler_metrics(g, sim=sim)
+        print(f"straggler what-if: T {m['T_ns'] / 1e6:.3f} ms, T_ideal {m['T_ideal_ns'] / 1e6:.3f} ms, "
+              f"S {m['S']:.3f}, waste {m['waste']:.3f}; S_w: " +
+              ", ".join(f"rank {int(r.rank)} {r.S_w:.3f}" for r in m["per_rank"].itertuples()))
+    if args.chrome_trace:
+        from .replay.chrome import write_chrome_trace
+        n = write_chrome_trace(g, res.schedule, args.chrome_trace, name=plan["name"])
+        print(f"wrote {args.chrome_trace}: {n} predicted slices")
+    return 0
+
+
 def _cmd_demo(args) -> int:
     from .demo import demo
     return demo(args.store, record=args.record)
@@ -225,6 +250,14 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("-o", "--output", required=True, help="output .json (or .json.gz)")
     s.add_argument("--no-overlays", action="store_true", help="only the original events")
     s.set_defaults(func=_cmd_export)
+
+    s = sub.add_parser("replay", help="what-if: replay the run's dependency graph under a plan (idealise, scale)")
+    s.add_argument("store")
+    s.add_argument("--run", help="the run (needed when the store holds several)")
+    s.add_argument("--plan", required=True, help="plan JSON: {\"actions\": [{\"action\": \"idealize\", \"ranks\": [2]}, ...]}")
+    s.add_argument("--chrome-trace", metavar="FILE", help="write the predicted timeline as a Chrome/Perfetto trace")
+    s.add_argument("--straggler-metrics", action="store_true", help="also print T, T_ideal, S, waste and S_w per rank")
+    s.set_defaults(func=_cmd_replay)
 
     s = sub.add_parser("demo", help="the main job: record (or use shipped) real gloo traces, ingest, summarise")
     s.add_argument("--store", default="store", help="store folder (default: ./store)")

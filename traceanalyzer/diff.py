@@ -235,13 +235,15 @@ def diff_runs(store_a: str | os.PathLike, store_b: str | os.PathLike | None = No
     from .analyses import prepare
     from .store import open_store
     same = store_b is None or os.path.abspath(store_b) == os.path.abspath(store_a)
-    con_a = prepare(open_store(store_a))
-    con_b = con_a if same else prepare(open_store(store_b))
+    con_a = open_store(store_a)
+    con_b = con_a if same else open_store(store_b)
     try:
         ra = _pick(con_a, store_a, run_a, "a")
         rb = _pick(con_b, store_b or store_a, run_b, "b")
         if same and ra == rb:
             raise TraceAnalyzerError(f"diff: A and B are the same run '{ra}'; give --run-a and --run-b")
+        for con in {id(con_a): con_a, id(con_b): con_b}.values():
+            prepare(con)  # the analyses' views (temporal breakdown, collectives)
         pa, pb = profile(con_a, str(store_a), ra), profile(con_b, str(store_b or store_a), rb)
     finally:
         con_a.close()

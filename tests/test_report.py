@@ -1,0 +1,245 @@
+"""Reports on the shipped real runs: the first finding is the injected fault, clean runs say so,
+trace strings are escaped, ``--fail-on`` gates CI, and the HTML renders in a real browser."""
+from __future__ import annotations
+
+import gzip
+import html
+import json
+import os
+import re
+import shutil
+import struct
+import subprocess
+from collections import Counter
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+import traceanalyzer as ta
+from traceanalyzer import report
+
+from conftest import TRACES
+
+#: run -> (kind of the first finding, rank) for the shipped runs with an injected fault
+FAULTY = {"ddp_gloo_4rank_slow2": ("straggler", 2), "pp_1f1b_4rank_slow2": ("slow_stage", 2),
+          "ddp_gloo_2rank_imb1": ("imbalance", 1), "ddp_gloo_2rank_nooverlap": ("exposed_comm", None)}
+CLEAN = ("ddp_gloo_2rank", "ddp_gloo_4rank", "pp_1f1b_4rank")
+XSS = "<script>alert(1)</script>"
+XSS_RUN = "ddp_gloo_2rank_xss"
+
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def _xss_copy(dest: Path) -> tuple[Path, str]:
+    """traces/ddp_gloo_2rank with its costliest CPU operator renamed to a script tag (every rank)."""
+    shutil.copytree(TRACES / "ddp_gloo_2rank", dest)
+    files = sorted(dest.glob("*.pt.trace.json.gz"))
+    raws = [json.loads(gzip.open(f, "rt").read()) for f in files]
+    total = Counter()
+    for raw in raws:
+        for e in raw["traceEvents"]:
+            if e.get("cat") == "cpu_op" and e.get("ph") == "X":
+                total[e["name"]] += e.get("dur", 0)
+    victim = total.most_common(1)[0][0]
+    for f, raw in zip(files, raws):
+        for e in raw["traceEvents"]:
+            if e.get("name") == victim:
+                e["name"] = XSS
+        with gzip.open(f, "wt") as fh:
+            json.dump(raw, fh)
+    return dest, victim
+
+
+def shipped_store(tmp_path_factory) -> Path:
+    """One store with the shipped runs the report, diff and export tests need (and the XSS copy),
+    ingested once per test session (shared by test_report, test_diff and test_export)."""
+    root = tmp_path_factory.getbasetemp() / "shipped_runs"
+    store = root / "store"
+    if (root / "ready").exists():
+        return store
+    for run in [*FAULTY, *CLEAN]:
+        ta.ingest([TRACES / run], store, run=run, progress=False, workers=1)  # small traces: no pool
+    xss, _ = _xss_copy(root / "traces" / XSS_RUN)
+    ta.ingest([xss], store, run=XSS_RUN, progress=False, workers=1)
+    (root / "ready").touch()
+    return store
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The report of every run, built on a store without saved results (so it runs the analyses
+    it needs), written as HTML, JSON and Markdown."""
+    store = shipped_store(tmp_path_factory)
+    rep = report.build_report(store)
+    out = tmp_path_factory.mktemp("report")
+    paths = {fmt: report.write_report(rep, out / f"report.{fmt}") for fmt in report.FORMATS}
+    return rep, paths, store
+
+
+@pytest.fixture(scope="module")
+def doc(built):
+    return {r["run"]: r for r in json.loads(built[1]["json"].read_text())["runs"]}
+
+
+@pytest.fixture(scope="module")
+def html_text(built):
+    return built[1]["html"].read_text()
+
+
+def _section(page: str, run: str) -> str:
+    return next(s for s in page.split('<section id="run-')[1:] if f'<span class="name">{run}</span>' in s)
+
+
+@pytest.mark.parametrize("run", list(FAULTY))
+def test_first_finding_is_the_injected_fault(run, doc, html_text):
+    kind, rank = FAULTY[run]
+    first = doc[run]["findings"][0]
+    assert (first["kind"], first["rank"]) == (kind, rank), doc[run]["findings"]
+    assert first["recoverable_pct"] > 5 and first["order"] == 1
+    if kind == "slow_stage":
+        assert first["stage"] == 2
+    m = re.search(r'<div class="finding" id="[^"]*-1" data-kind="([a-z_]+)"><h3>#1 ([^:<]+)', _section(html_text, run))
+    assert m and m.group(1) == kind
+    assert m.group(2) == {"straggler": "Straggler", "slow_stage": "Slow pipeline stage", "imbalance": "Imbalance",
+                          "exposed_comm": "Exposed communication"}[kind]
+
+
+def test_findings_are_ranked_by_recoverable_time(doc):
+    for run in doc.values():
+        rec = [f["recoverable_ns_per_step"] for f in run["findings"]]
+        assert rec == sorted(rec, reverse=True)
+
+
+def test_imbalanced_rank_is_one_finding_not_two(doc):
+    """ddp_gloo_2rank_imb1: rank 1 is flagged by both analyses (it makes rank 0 wait because it has
+    twice the batch); the report names the cause once, with the wait it imposes as recoverable time."""
+    f = doc["ddp_gloo_2rank_imb1"]["findings"]
+    assert [x["rank"] for x in f if x["rank"] is not None] == [1]
+    assert f[0]["also"] == ["straggler"] and any("also flagged as straggler" in e for e in f[0]["evidence"])
+    assert doc["ddp_gloo_2rank_imb1"]["metrics"]["imbalance_pct"] == pytest.approx(f[0]["recoverable_pct"])
+
+
+@pytest.mark.parametrize("run", CLEAN)
+def test_clean_runs_say_no_straggler_or_imbalance(run, doc, html_text):
+    kinds = {k for f in doc[run]["findings"] for k in [f["kind"], *f["also"]]}
+    assert not kinds & {"straggler", "imbalance", "slow_stage"}
+    assert doc[run]["metrics"]["slowdown_pct"] == 0.0
+    section = _section(html_text, run)
+    assert "No straggler found" in section and "No imbalance found" in section
+    if run.startswith("pp_"):
+        assert "No slow pipeline stage found" in section
+
+
+def test_summary_has_the_job_shape(doc):
+    pp = doc["pp_1f1b_4rank_slow2"]
+    assert pp["shape"]["ranks"] == [0, 1, 2, 3] and pp["shape"]["steps"] == [2, 3, 4]
+    p = pp["shape"]["pipeline"]
+    assert (p["stages"], p["microbatches"], p["schedule"]) == (4, 8, "1f1b")
+    assert p["stage_to_rank"] == {"0": 0, "1": 1, "2": 2, "3": 3}
+    assert p["theoretical_bubble_pct"] == pytest.approx(100 * 3 / 11)
+    ddp = doc["ddp_gloo_4rank_slow2"]
+    assert ddp["shape"]["pipeline"] is None and ddp["shape"]["backend"] == "gloo"
+    assert [r["rank"] for r in ddp["step_time_per_rank"]] == [0, 1, 2, 3]
+    assert all(r["steps"] == 8 for r in ddp["step_time_per_rank"])
+
+
+def test_json_carries_versions_and_figures(built, doc):
+    top = json.loads(built[1]["json"].read_text())
+    from traceanalyzer import schema as S
+    assert top["store_schema_version"] == S.SCHEMA_VERSION and top["results_version"] == S.RESULTS_VERSION
+    assert top["report_version"] == report.REPORT_VERSION and set(top["metric_definitions"]) == set(report.METRICS)
+    assert [f["name"] for f in doc["pp_1f1b_4rank_slow2"]["figures"]] == [
+        "step_heatmap", "pipeline_timeline", "overlap_bars", "imbalance", "top_ops"]
+    assert "arrival_skew" in [f["name"] for f in doc["ddp_gloo_4rank_slow2"]["figures"]]
+
+
+class _Tags(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.tags = Counter()
+        self.external = []
+
+    def handle_starttag(self, tag, attrs):
+        self.tags[tag] += 1
+        for k, v in attrs:
+            if k in ("src", "href") and v and not (v.startswith("data:") or v.startswith("#")):
+                self.external.append(v)
+
+
+def test_trace_strings_are_escaped(built, html_text, doc):
+    """A trace is untrusted: an op named <script>alert(1)</script> is shown as text, never markup."""
+    assert XSS not in html_text
+    assert html.escape(XSS) in _section(html_text, XSS_RUN)
+    p = _Tags()
+    p.feed(html_text)
+    assert p.tags["script"] == 1  # ours: the image check, allowed by the CSP hash
+    assert p.external == []       # self-contained: nothing to fetch
+    assert "default-src &#x27;none&#x27;" in html_text  # the CSP: no network at all
+    md_text = built[1]["md"].read_text()
+    assert XSS not in md_text and "&lt;script&gt;alert(1)&lt;/script&gt;" in md_text
+
+
+def test_figures_are_embedded_pngs(built, html_text):
+    n_figures = sum(len(rr.figures) for rr in built[0].runs)
+    pngs = re.findall(r'<img alt="[^"]*" src="data:image/png;base64,([A-Za-z0-9+/=]+)">', html_text)
+    assert len(pngs) == n_figures >= 5 * len(built[0].runs)
+    import base64
+    assert all(base64.b64decode(p)[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+
+
+def test_fail_on_gives_a_one_line_reason(built, run_cli, tmp_path):
+    store = built[2]
+    code, out, err = run_cli("report", store, "--run", "ddp_gloo_4rank_slow2", "-o", tmp_path / "r.json",
+                             "--fail-on", "slowdown_pct>10", "exposed_comm_recoverable_pct>50")
+    assert code == 1
+    assert err.count("\n") == 1 and err.startswith("traceanalyzer: fail-on: run 'ddp_gloo_4rank_slow2': slowdown_pct = ")
+    assert "#1 Straggler: rank 2" in out and json.loads((tmp_path / "r.json").read_text())["runs"][0]["run"] == "ddp_gloo_4rank_slow2"
+    code, out, err = run_cli("report", store, "--run", "ddp_gloo_4rank", "-o", tmp_path / "c.md",
+                             "--fail-on", "slowdown_pct>10", "imbalance_pct>10", "straggler_pct>=5")
+    assert (code, err) == (0, "")
+    assert (tmp_path / "c_figures" / "ddp_gloo_4rank_step_heatmap.png").exists()
+    code, _, err = run_cli("report", store, "--fail-on", "slowness>10")
+    assert code == 2 and "unknown key slowness" in err
+    failed = report.failures(built[0], ["imbalance_pct>10"])  # every run of the store
+    assert [line.split(":")[0] for line in failed] == ["run 'ddp_gloo_2rank_imb1'"]
+
+
+# -- the browser ---------------------------------------------------------------------------------
+
+def _chromium() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if path:
+        return path
+    if os.environ.get("CI", "").lower() in ("true", "1"):
+        pytest.fail("chromium is not installed: CI must render the report in a real browser (.ci/run installs "
+                    "the Debian package `chromium`)")
+    pytest.skip("chromium not installed here (apt-get install chromium): the report was NOT checked in a browser")
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    return struct.unpack(">II", head[16:24])
+
+
+def test_report_renders_in_headless_chromium(built, tmp_path):
+    """Open the HTML from disk in headless Chromium: it must load with no console error (a CSP
+    violation, a blocked fetch, a script error would all log one) and every figure must decode."""
+    chromium = _chromium()
+    page, shot = built[1]["html"], tmp_path / "report.png"
+    n_img = page.read_text().count("<img ")
+    proc = subprocess.run([chromium, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}",
+                           f"--screenshot={shot}", "--window-size=1280,2000", "--enable-logging=stderr", "--v=0",
+                           page.resolve().as_uri()], capture_output=True, text=True, timeout=120)
+    print(f"screenshot: {shot}")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
+    assert any(f"traceanalyzer-report: images decoded {n_img}/{n_img}" in line for line in console), proc.stderr[-3000:]
+    assert [line for line in console if "traceanalyzer-report:" not in line] == []
+    assert _png_size(shot) == (1280, 2000)
+    from PIL import Image
+    colours = Image.open(shot).convert("RGB").getcolors(maxcolors=1 << 20)
+    assert colours is not None and len(colours) > 500  # text, tables and figures, not a blank page
+

@@ -1,0 +1,66 @@
+"""Assemble a report: for each run, its shape, ranked findings, metrics and figures.
+
+The report is a plain data structure (:class:`Report`) that the HTML, Markdown and JSON writers
+render; nothing here formats output, so the three formats always say the same thing.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from .. import __version__
+from .. import schema as S
+from .figures import Figure, all_figures
+from .findings import Finding, negatives, rank_findings
+from .load import RunData, load_run, open_runs
+from .metrics import run_metrics
+from .shape import job_shape, step_times
+
+#: Version of the report's JSON document; bump when a key changes meaning.
+REPORT_VERSION = "1.0"
+
+
+@dataclass
+class RunReport:
+    run: str
+    shape: dict
+    step_times: pd.DataFrame            # rank, steps, median_ns, min_ns, max_ns, compute_ns
+    findings: list[Finding]
+    negatives: list[str]                # what was looked for and not found
+    metrics: dict
+    figures: list[Figure] = field(default_factory=list)
+    figure_errors: list[str] = field(default_factory=list)   # figures that could not be drawn, and why
+    data: RunData | None = None         # the results it was made from (tables in the HTML)
+
+
+@dataclass
+class Report:
+    store: str
+    runs: list[RunReport]
+    created: str
+    versions: dict
+
+
+def build_run(data: RunData, figures: bool = True) -> RunReport:
+    findings = rank_findings(data)
+    figs, errors = all_figures(data) if figures else ([], [])
+    return RunReport(run=data.run, shape=job_shape(data), step_times=step_times(data), findings=findings,
+                     negatives=negatives(data, findings), metrics=run_metrics(data, findings),
+                     figures=figs, figure_errors=errors, data=data)
+
+
+def build_report(store: str | os.PathLike, run: str | None = None, figures: bool = True, progress=None) -> Report:
+    """The report of ``run`` (default: every run of the store) from the results ``analyze`` saved;
+    runs whose results are missing are analysed (and saved) first."""
+    con, runs = open_runs(store, run, progress)
+    try:
+        reports = [build_run(load_run(con, store, r, with_intervals=figures), figures=figures) for r in runs]
+    finally:
+        con.close()
+    return Report(store=str(store), runs=reports,
+                  created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                  versions={"traceanalyzer": __version__, "store_schema_version": S.SCHEMA_VERSION,
+                            "results_version": S.RESULTS_VERSION, "report_version": REPORT_VERSION})

@@ -1,0 +1,246 @@
+"""Findings a person can act on, ranked by the time per step they would give back.
+
+Each analysis answers its own question (stragglers.sql, imbalance.sql, bubbles.sql, overlap.sql);
+the report puts their findings on one scale, the **recoverable time per step** (ns, and % of the
+median step), so the first finding is the one worth fixing first:
+
+* straggler: the wait it imposes on its peers per step (``delay_ns_per_step``);
+* imbalance: the compute the rank does beyond the mean of the ranks (``excess_ns_per_step``), or the
+  wait it imposes on its peers if larger (extra work is *why* it makes them wait);
+* slow pipeline stage: its own time beyond the other stages' (``excess_ns_per_step``);
+* exposed communication: what overlapping it with compute could save at most (see
+  :func:`exposed_comm_per_step`).
+
+One cause, one finding: a rank flagged both as a straggler and as imbalanced (or as a slow stage)
+is reported once, as the more specific cause (slow stage > imbalance > straggler), with the
+evidence of both. A straggler that does no more compute than its peers is slow for another
+reason (its host, a sleep, contention) and stays a straggler.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from .load import RunData
+
+#: An exposed-communication finding needs at least this much recoverable time, in % of the median
+#: step: below it, overlapping better is not worth a person's time (same order as the analyses'
+#: 5-10 % thresholds for imbalance and stragglers).
+EXPOSED_COMM_MIN_PCT = 5.0
+
+#: Exposed intervals listed as evidence of an exposed-communication finding.
+EXPOSED_EVIDENCE_TOP = 3
+
+#: Which cause wins when one rank is flagged by several analyses (higher = more specific).
+_SPECIFICITY = {"straggler": 0, "imbalance": 1, "slow_stage": 2}
+
+_TITLES = {"straggler": "Straggler", "imbalance": "Imbalance", "slow_stage": "Slow pipeline stage",
+           "exposed_comm": "Exposed communication"}
+
+
+@dataclass
+class Finding:
+    """One ranked finding. Every string may contain text from the trace: escape it when rendering."""
+    kind: str                          # straggler, imbalance, slow_stage, exposed_comm
+    title: str
+    recoverable_ns_per_step: float
+    recoverable_pct: float             # of the median step time
+    summary: str
+    rank: int | None = None
+    stage: int | None = None
+    evidence: list[str] = field(default_factory=list)
+    evidence_rows: list[dict] = field(default_factory=list)   # a small table (exposed intervals, ...)
+    also: list[str] = field(default_factory=list)             # kinds merged into this one
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def ms(ns) -> str:
+    return "-" if ns is None or pd.isna(ns) else f"{ns / 1e6:.2f} ms"
+
+
+def median_step_ns(data: RunData) -> float:
+    """Median over steps of the median over ranks of the step time (as stragglers.sql measures it)."""
+    ph = data.r("phases")
+    if ph.empty:
+        return float("nan")
+    return float(ph.groupby("step")["step_ns"].median().median())
+
+
+def _pct(ns: float, step_ns: float) -> float:
+    return float(100.0 * ns / step_ns) if step_ns and not np.isnan(step_ns) else float("nan")
+
+
+# -- one finding per analysis -------------------------------------------------------------------
+
+def _stragglers(data: RunData) -> list[Finding]:
+    coll = data.r("collectives")
+    out = []
+    for s in data.r("stragglers").itertuples():
+        ev = [f"costs each peer {ms(s.delay_ns_per_step)} of waiting per step ({s.delay_pct:.1f}% of the step), "
+              f"{ms(s.imposed_wait_ns_per_step)} summed over its peers",
+              f"{s.pattern}: above the thresholds in {s.steps_flagged} of {s.steps} steps",
+              f"slower than its peers in {s.phase}, by {ms(s.phase_excess_ns_per_step)} per step (median)"]
+        if not coll.empty:
+            last = coll[coll["last_arriver"] == s.rank]
+            ev.append(f"arrived last at {len(last)} of {len(coll)} collectives"
+                      + (f", median arrival skew then {ms(last['arrival_skew_ns'].median())}" if len(last) else ""))
+        out.append(Finding("straggler", f"{_TITLES['straggler']}: rank {s.rank}", float(s.delay_ns_per_step),
+                           float(s.delay_pct), f"rank {s.rank} makes its peers wait {ms(s.delay_ns_per_step)} per step "
+                           f"({s.delay_pct:.1f}% of the step); it is slower in {s.phase}", rank=int(s.rank), evidence=ev))
+    return out
+
+
+def _imbalance(data: RunData) -> list[Finding]:
+    im = data.r("imbalance")
+    ops = data.r("imbalance_ops")
+    a2a = data.r("all_to_all_balance")
+    out = []
+    for r in im[im["is_finding"].fillna(False).astype(bool)].itertuples() if not im.empty else ():
+        ev = [f"computes {ms(r.compute_ns_per_step)} per step, {r.ratio_to_mean:.2f}x the mean of the ranks "
+              f"(+{ms(r.excess_ns_per_step)}, {r.excess_pct:.1f}% of the step)",
+              f"did the most work in {r.steps_max} of {r.steps} steps"]
+        mine = ops[(ops["max_rank"] == r.rank) & (ops["category"] == "compute")].head(3) if not ops.empty else ops
+        for o in mine.itertuples():
+            ev.append(f"op {o.name}: {o.max_over_mean:.2f}x the mean (+{ms(o.excess_ns_per_step)} per step)")
+        mine = a2a[a2a["rank"] == r.rank] if not a2a.empty else a2a
+        for a in mine.itertuples():
+            ev.append(f"all_to_all: sends {a.sent_over_mean:.2f}x and receives {a.recv_over_mean:.2f}x the mean bytes")
+        out.append(Finding("imbalance", f"{_TITLES['imbalance']}: rank {r.rank}", float(r.excess_ns_per_step),
+                           float(r.excess_pct), f"rank {r.rank} computes {r.ratio_to_mean:.2f}x the mean of the ranks "
+                           f"(+{ms(r.excess_ns_per_step)} per step)", rank=int(r.rank), evidence=ev))
+    return out
+
+
+def _slow_stages(data: RunData) -> list[Finding]:
+    sl = data.r("pipeline_slow_stages")
+    out = []
+    for r in sl[sl["is_finding"].fillna(False).astype(bool)].itertuples() if not sl.empty else ():
+        ev = [f"own time (compute and its own delays) {ms(r.own_ns_per_step)} per step vs "
+              f"{ms(r.others_own_ns_per_step)} for the other stages (median)",
+              f"the other stages stalled {ms(r.stall_caused_ns_per_step)} per step waiting on it"]
+        bub = data.r("pipeline_bubbles")
+        if not bub.empty:
+            ev.append(f"pipeline bubble: {bub['bubble_pct'].median():.1f}% of the step idle (median over stages and "
+                      f"steps) against {bub['theoretical_bubble_pct'].iloc[0]:.1f}% in theory for the schedule")
+        out.append(Finding("slow_stage", f"{_TITLES['slow_stage']}: stage {r.stage} (rank {r.rank})",
+                           float(r.excess_ns_per_step), float(r.excess_pct),
+                           f"stage {r.stage} (rank {r.rank}) spends {ms(r.excess_ns_per_step)} more of its own time "
+                           f"per step than the other stages ({r.excess_pct:.1f}% of the step)",
+                           rank=int(r.rank), stage=int(r.stage), evidence=ev))
+    return out
+
+
+def exposed_comm_per_step(data: RunData) -> pd.DataFrame:
+    """Per step (mean over ranks): exposed communication, the part of it spent waiting for peers,
+    and what overlap could recover.
+
+    Exposed communication (temporal_breakdown.comm_ns: communication with no compute running)
+    includes the time a rank waits for a late peer inside the collective, and on a pipeline the
+    time a stage waits in a receive. Those are charged to the straggler/imbalance (collective
+    waits, from collectives.total_wait_ns) and to the pipeline (stalls, pipeline_bubbles.stall_ns),
+    so they are subtracted here. What is left can be hidden under compute at best: it is capped
+    by the step's compute that is not already overlapping communication (the overlap result is per
+    rank over the window, so its overlapped time is spread evenly over the steps).
+    Columns: step, exposed_ns, wait_ns, stall_ns, free_compute_ns, recoverable_ns.
+    """
+    tb = data.r("temporal_breakdown")
+    tb = tb[tb["step"].notna()] if not tb.empty else tb
+    cols = ["step", "exposed_ns", "wait_ns", "stall_ns", "free_compute_ns", "recoverable_ns"]
+    if tb.empty:
+        return pd.DataFrame(columns=cols)
+    n_ranks = max(tb["rank"].nunique(), 1)
+    per = tb.groupby("step").agg(exposed_ns=("comm_ns", "mean"), compute_ns=("compute_ns", "mean"))
+    coll = data.r("collectives")
+    waits = (coll.groupby("step")["total_wait_ns"].sum() / n_ranks) if not coll.empty else pd.Series(dtype=float)
+    bub = data.r("pipeline_bubbles")
+    stalls = bub.groupby("step")["stall_ns"].mean() if not bub.empty else pd.Series(dtype=float)
+    ov = data.r("overlap")
+    steps_per_rank = max(tb.groupby("rank")["step"].nunique().max(), 1)
+    overlapped = float(ov["overlapped_ns"].mean()) / steps_per_rank if not ov.empty else 0.0
+    per["wait_ns"] = waits.reindex(per.index).fillna(0.0).astype(float)
+    per["stall_ns"] = stalls.reindex(per.index).fillna(0.0).astype(float)
+    per["free_compute_ns"] = (per["compute_ns"] - overlapped).clip(lower=0.0)
+    transfer = (per["exposed_ns"] - per["wait_ns"] - per["stall_ns"]).clip(lower=0.0)
+    per["recoverable_ns"] = np.minimum(transfer, per["free_compute_ns"])
+    return per.reset_index()[cols]
+
+
+def _exposed(data: RunData, step_ns: float) -> list[Finding]:
+    per = exposed_comm_per_step(data)
+    if per.empty:
+        return []
+    rec = float(per["recoverable_ns"].median())
+    pct = _pct(rec, step_ns)
+    if not pct >= EXPOSED_COMM_MIN_PCT:
+        return []
+    ov = data.r("overlap")
+    ev = [f"exposed communication (no compute running): {ms(per['exposed_ns'].median())} per step and rank "
+          f"({_pct(per['exposed_ns'].median(), step_ns):.1f}% of the step)",
+          f"of which waiting for late peers {ms(per['wait_ns'].median())} and pipeline stalls "
+          f"{ms(per['stall_ns'].median())} (charged to those findings, not counted here)",
+          f"compute available to hide it under: {ms(per['free_compute_ns'].median())} per step"]
+    if not ov.empty:
+        lo = ov.loc[ov["overlap_pct"].astype(float).idxmin()] if ov["overlap_pct"].notna().any() else None
+        ev.append(f"{ov['overlap_pct'].mean():.1f}% of communication overlapped with compute on average"
+                  + (f" (lowest: rank {int(lo['rank'])}, {lo['overlap_pct']:.1f}%)" if lo is not None else ""))
+    rows = []
+    for r in data.r("exposed_comm").head(EXPOSED_EVIDENCE_TOP).itertuples():
+        rows.append({"rank": int(r.rank), "step": None if pd.isna(r.step) else int(r.step), "exposed": ms(r.exposed_ns),
+                     "op": r.op, "pg": r.pg, "seq": None if pd.isna(r.seq) else int(r.seq),
+                     "bytes": None if pd.isna(r.bytes) else int(r.bytes), "compute before": r.compute_before,
+                     "compute after": r.compute_after})
+    return [Finding("exposed_comm", _TITLES["exposed_comm"], rec, pct,
+                    f"up to {ms(rec)} per step ({pct:.1f}% of the step) of communication runs with no compute "
+                    f"to hide it", evidence=ev, evidence_rows=rows)]
+
+
+# -- merging and ranking ------------------------------------------------------------------------
+
+def _merge_by_rank(found: list[Finding]) -> list[Finding]:
+    """One finding per rank: the most specific cause, its recoverable time the largest of the parts."""
+    by_rank: dict[int, list[Finding]] = {}
+    out = []
+    for f in found:
+        (by_rank.setdefault(f.rank, []) if f.rank is not None else out).append(f)
+    for parts in by_rank.values():
+        parts.sort(key=lambda f: -_SPECIFICITY[f.kind])
+        head = parts[0]
+        for other in parts[1:]:
+            head.also.append(other.kind)
+            head.evidence += [f"also flagged as {other.kind.replace('_', ' ')}: {other.summary}"] + other.evidence
+            if other.recoverable_ns_per_step > head.recoverable_ns_per_step:
+                head.recoverable_ns_per_step, head.recoverable_pct = other.recoverable_ns_per_step, other.recoverable_pct
+                head.summary += f"; it makes its peers wait {ms(other.recoverable_ns_per_step)} per step"
+        out.append(head)
+    return out
+
+
+def rank_findings(data: RunData) -> list[Finding]:
+    """Every finding of a run, the largest recoverable time first."""
+    step_ns = median_step_ns(data)
+    found = _merge_by_rank(_stragglers(data) + _imbalance(data) + _slow_stages(data)) + _exposed(data, step_ns)
+    return sorted(found, key=lambda f: -f.recoverable_ns_per_step)
+
+
+def negatives(data: RunData, findings: list[Finding]) -> list[str]:
+    """What was looked for and not found, with the thresholds, so a clean run says so."""
+    p = data.params
+    kinds = {k for f in findings for k in [f.kind] + f.also}
+    out = []
+    if "straggler" not in kinds:
+        out.append(f"No straggler found: no rank cost its peers at least {p.get('straggler_min_delay_pct', 10.0):g}% "
+                   f"of a step while being at least {p.get('straggler_min_excess_pct', 10.0):g}% slower in a phase.")
+    if "imbalance" not in kinds:
+        out.append(f"No imbalance found: no rank computes at least {p.get('imbalance_min_ratio', 1.1):g}x the mean "
+                   f"of the ranks with an excess of at least {p.get('imbalance_min_excess_pct', 5.0):g}% of a step.")
+    if not data.r("pipeline_shape").empty and "slow_stage" not in kinds:
+        out.append(f"No slow pipeline stage found: no stage's own time exceeds the others' by at least "
+                   f"{p.get('slow_stage_min_excess_pct', 10.0):g}% of a step.")
+    if "exposed_comm" not in kinds:
+        out.append(f"No exposed communication worth overlapping: less than {EXPOSED_COMM_MIN_PCT:g}% of a step "
+                   f"could be recovered.")
+    return out

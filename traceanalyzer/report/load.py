@@ -1,0 +1,126 @@
+"""What a report reads: the results ``analyze`` saved in the store, for one run.
+
+The report never recomputes an analysis it can read: ``traceanalyzer analyze`` saved every result
+table (``result_<name>`` views); a run whose results are missing, or were saved by another
+``RESULTS_VERSION``, is analysed first (and saved, so the next report is fast). Only the
+pipeline timeline figure needs intervals no result table keeps (when each stage sat idle): those
+come from the analyses' ``pipeline_idle`` view, for pipeline runs only.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from .. import schema as S
+from ..errors import TraceAnalyzerError
+
+
+@dataclass
+class RunData:
+    """Everything one run's report is made from: result tables (schema.RESULTS columns) and the
+    job's shape from the canonical tables."""
+    run: str
+    results: dict[str, pd.DataFrame]
+    ranks: pd.DataFrame                 # one row per rank: host, world_size, backend, device, windows
+    groups: pd.DataFrame                # process groups: pg_name, pg_desc, pg_size, pg_ranks
+    params: dict                        # the analysis parameters the results were computed with
+    pipeline_idle: pd.DataFrame = field(default_factory=pd.DataFrame)  # run, rank, stage, step, kind, caused_by_rank, lo_ns, hi_ns, dur_ns
+
+    def r(self, name: str) -> pd.DataFrame:
+        """The result table ``name`` of this run (empty with the schema's columns if absent)."""
+        df = self.results.get(name)
+        return df if df is not None else pd.DataFrame(columns=S.RESULTS[name].column_names)
+
+
+def store_runs(con) -> list[str]:
+    return [r for (r,) in con.execute("SELECT DISTINCT run FROM ranks ORDER BY run").fetchall()]
+
+
+def _saved(store: Path) -> dict:
+    from ..store import read_manifest
+    return read_manifest(store).extra.get("results", {})
+
+
+#: The result tables a report is made from. The others (critical path, GPU launch statistics, ...)
+#: are shown when ``analyze`` saved them, and not computed for the report alone: the critical path
+#: is the costliest analysis and the findings do not depend on it.
+REQUIRED = ("phases", "temporal_breakdown", "stragglers", "imbalance", "imbalance_ops", "all_to_all_balance",
+            "collectives", "overlap", "exposed_comm", "kernel_breakdown", "pipeline_shape", "pipeline_bubbles",
+            "pipeline_slow_stages")
+
+
+def missing_results(store: str | os.PathLike, runs: list[str]) -> dict[str, list[str]]:
+    """Per run of ``runs``: the required result tables not saved, or saved by another results version."""
+    saved = _saved(Path(store))
+    out = {}
+    for run in runs:
+        names = [n for n in REQUIRED if run not in saved.get(n, {}).get("files", {})
+                 or saved[n].get("version") != S.RESULTS_VERSION]
+        if names:
+            out[run] = names
+    return out
+
+
+def ensure_results(store: str | os.PathLike, runs: list[str], all_runs: list[str], progress=None) -> None:
+    """Run ``analyze`` for what is missing: once for the whole store when every run misses the same
+    tables (the SQL views cost about the same for one run as for all), else run by run."""
+    from ..analyses.results import analyze
+    missing = missing_results(store, runs)
+    if not missing:
+        return
+    if progress:
+        progress(f"analysing {', '.join(missing)} (results not saved in the store yet)")
+    names = {tuple(v) for v in missing.values()}
+    if set(missing) == set(all_runs) and len(names) == 1:
+        analyze(store, only=list(names.pop()))
+    else:
+        for run, only in missing.items():
+            analyze(store, run=run, only=only)
+
+
+def load_run(con, store: str | os.PathLike, run: str, with_intervals: bool = True) -> RunData:
+    """Read one run's saved results and job shape from an open store connection."""
+    results = {name: con.execute(f"SELECT * FROM result_{name} WHERE run = $run", {"run": run}).df()
+               for name in S.RESULTS}
+    ranks = con.execute("""
+        SELECT rank, any_value(host) AS host, max(world_size) AS world_size, any_value(backend) AS backend,
+               any_value(device) AS device, count(*) AS windows
+        FROM ranks WHERE run = $run GROUP BY rank ORDER BY rank""", {"run": run}).df()
+    groups = con.execute("""
+        SELECT pg_name, any_value(pg_desc) AS pg_desc, max(pg_size) AS pg_size, any_value(pg_ranks) AS pg_ranks,
+               count(DISTINCT rank) AS seen_on_ranks
+        FROM process_groups WHERE run = $run GROUP BY pg_name ORDER BY pg_name""", {"run": run}).df()
+    entry = _saved(Path(store)).get("stragglers", {})
+    data = RunData(run=run, results=results, ranks=ranks, groups=groups, params=dict(entry.get("params", {})))
+    if with_intervals and not data.r("pipeline_shape").empty:
+        data.pipeline_idle = pipeline_idle(con, run, data.params)
+    return data
+
+
+def pipeline_idle(con, run: str, params: dict) -> pd.DataFrame:
+    """When each pipeline stage sat idle and why (warm-up, cool-down, stall on a peer, other)."""
+    from ..analyses import PARAMETERS, prepare
+    prepare(con, **{k: v for k, v in params.items() if k in PARAMETERS})
+    return con.execute("SELECT * FROM pipeline_idle WHERE run = $run ORDER BY rank, step, lo_ns", {"run": run}).df()
+
+
+def open_runs(store: str | os.PathLike, run: str | None, progress=None):
+    """Open ``store``, check ``run``, make sure its results are saved; returns (con, runs)."""
+    from ..store import open_store
+    con = open_store(store)
+    runs_all = store_runs(con)
+    if not runs_all:
+        con.close()
+        raise TraceAnalyzerError(f"{store}: the store holds no run; ingest traces first")
+    if run is not None and run not in runs_all:
+        con.close()
+        raise TraceAnalyzerError(f"{store}: no run '{run}' in the store (runs: {', '.join(runs_all)})")
+    runs = [run] if run is not None else runs_all
+    if missing_results(store, runs):
+        con.close()
+        ensure_results(store, runs, runs_all, progress)
+        con = open_store(store)  # the result views are created when the store is opened
+    return con, runs
