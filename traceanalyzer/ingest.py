@@ -26,6 +26,10 @@ from . import store as st
 from .errors import StoreError, TraceAnalyzerError, TraceInputError
 from .flight_recorder import sidecar_path
 
+#: Below this much input (compressed bytes on disk) and without an explicit --workers, files are
+#: parsed in this process: a worker pool takes about a second to start.
+SMALL_INPUT_BYTES = 16 * 1024 * 1024
+
 _RUN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _TRACE_SUFFIXES = (".json", ".json.gz")
 
@@ -151,6 +155,13 @@ def _parse_one(path: str, rank_arg: int | None, staging: str) -> tuple:
         return ("error", path, f"internal error while parsing ({type(exc).__name__}: {exc})", traceback.format_exc())
 
 
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
 def _worker_init() -> None:
     """Workers use the system allocator: mimalloc (Arrow's default) keeps freed pages, which
     counts against the per-worker memory budget."""
@@ -217,6 +228,8 @@ def _parse_all(files: list[Path], rank: int | None, staging: Path, workers: int 
     bar = _Progress(len(files), enabled=progress)
     results = []
     n_workers = max(1, min(workers or os.cpu_count() or 1, len(files)))
+    if workers is None and sum(_size(f) for f in files) < SMALL_INPUT_BYTES:
+        n_workers = 1  # starting a pool costs more than parsing a few small files
     if n_workers == 1:
         for f in files:
             results.append(_parse_one(str(f), rank, str(staging)))

@@ -35,7 +35,7 @@ QUERIES: dict[str, str] = {
                         "ORDER BY run, rank, category, rank_in_category",
     "imbalance": "SELECT * FROM imbalance_ranks ORDER BY run, rank_order",
     "imbalance_ops": "SELECT * FROM imbalance_ops WHERE rank_order <= getvariable('kernels_top') ORDER BY run, rank_order",
-    "all_to_all_balance": "SELECT * FROM all_to_all_balance ORDER BY run, rank",
+    "all_to_all_balance": "SELECT * FROM all_to_all_balance ORDER BY run, rank_order",
     "seqlen_signal": "SELECT * FROM seqlen_signal ORDER BY run, rank",
     "launch_stats": "SELECT * FROM launch_stats ORDER BY run, rank",
     "queue_length": "SELECT * FROM queue_length ORDER BY run, rank, stream",
@@ -190,6 +190,10 @@ def format_text(results: dict[str, pd.DataFrame], params: dict) -> str:
                 lines.append(f"slow stage #{r.rank_order}: stage {r.stage} (rank {r.rank}) spends {_ms(r.excess_ns_per_step)} "
                              f"more of its own time per step than the others ({r.excess_pct:.1f}% of the step); "
                              f"the others stalled {_ms(r.stall_caused_ns_per_step)} per step waiting on it")
+        a2a = sel.get("all_to_all_balance", pd.DataFrame())
+        for r in (a2a[a2a["is_finding"]].itertuples() if not a2a.empty else ()):
+            lines.append(f"all_to_all imbalance #{r.rank_order}: rank {r.rank} receives {r.recv_over_mean:.2f}x and sends "
+                         f"{r.sent_over_mean:.2f}x the mean bytes of the ranks (MoE routing skew)")
         if "overlap" in sel and not sel["overlap"].empty:
             o = sel["overlap"]
             lines.append(f"overlap: {o['overlap_pct'].mean():.1f}% of communication overlapped on average "

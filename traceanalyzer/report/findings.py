@@ -112,6 +112,34 @@ def _imbalance(data: RunData) -> list[Finding]:
         out.append(Finding("imbalance", f"{_TITLES['imbalance']}: rank {r.rank}", float(r.excess_ns_per_step),
                            float(r.excess_pct), f"rank {r.rank} computes {r.ratio_to_mean:.2f}x the mean of the ranks "
                            f"(+{ms(r.excess_ns_per_step)} per step)", rank=int(r.rank), evidence=ev))
+    return out + _routing(data, {f.rank for f in out})
+
+
+def _routing(data: RunData, already: set) -> list[Finding]:
+    """MoE routing skew: a rank that sends or receives far more all_to_all bytes than the mean.
+    Recoverable time: the all_to_all transfer time per step that balanced routing would save, if
+    transfer scales with the largest rank's bytes (balanced: the mean) -- transfer x (1 - 1/ratio)."""
+    a2a = data.r("all_to_all_balance")
+    coll = data.r("collectives")
+    if a2a.empty or "is_finding" not in a2a:
+        return []
+    step_ns = median_step_ns(data)
+    sel = coll[coll["op"] == "all_to_all"] if not coll.empty else coll
+    steps = max(sel["step"].nunique(), 1) if not sel.empty else 1
+    transfer = float(sel["transfer_ns"].sum()) / steps if not sel.empty else 0.0
+    out = []
+    for a in a2a[a2a["is_finding"].fillna(False).astype(bool)].itertuples():
+        if a.rank in already:
+            continue
+        ratio = max(float(a.recv_over_mean or 0), float(a.sent_over_mean or 0), 1.0)
+        rec = transfer * (1 - 1 / ratio)
+        ev = [f"all_to_all: receives {a.recv_over_mean:.2f}x and sends {a.sent_over_mean:.2f}x the mean bytes of the "
+              f"ranks over {a.n_all_to_all} all_to_all ops",
+              f"all_to_all transfer time {ms(transfer)} per step; balanced routing would cut it by about "
+              f"1 - 1/{ratio:.2f}"]
+        out.append(Finding("imbalance", f"{_TITLES['imbalance']}: rank {a.rank} (MoE routing)", rec, _pct(rec, step_ns),
+                           f"rank {a.rank} gets {ratio:.2f}x the mean all_to_all traffic (routing skew)",
+                           rank=int(a.rank), evidence=ev))
     return out
 
 

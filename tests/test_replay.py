@@ -1,0 +1,103 @@
+"""Replay (what-if): identity fidelity on the committed traces, the direction and size of
+"idealise the slow rank", the OSDI'25 straggler metric, plans and their errors.
+
+Bounds asserted (what the first slice achieves, with a margin): identity-replay error median and
+P90 <= 0.1 % on every run (it is 0 by construction: per-node latencies are fitted so the recorded
+start is reproduced; it checks the graph is consistent, not that predictions are right).
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import EXTERNAL, TRACES
+
+RUNS = ["ddp_gloo_4rank", "ddp_gloo_4rank_slow2", "pp_1f1b_4rank", "pp_1f1b_4rank_slow2"]
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    import traceanalyzer as ta
+    d = tmp_path_factory.mktemp("replay") / "store"
+    for run in RUNS:
+        ta.ingest([str(TRACES / run)], str(d), run=run, progress=False, workers=2)
+    if (EXTERNAL / "param_dlrm_8rank").exists():
+        ta.ingest([str(EXTERNAL / "param_dlrm_8rank")], str(d), run="dlrm", progress=False, workers=2)
+    return d
+
+
+@pytest.fixture(scope="module")
+def graphs(store):
+    import traceanalyzer as ta
+    from traceanalyzer import replay
+    con = ta.open(str(store))
+    runs = RUNS + (["dlrm"] if (EXTERNAL / "param_dlrm_8rank").exists() else [])
+    return {run: replay.build_graph(con, run) for run in runs}
+
+
+def test_identity_error_bounds(graphs):
+    from traceanalyzer import replay
+    for run, g in graphs.items():
+        e = replay.error_summary(replay.identity(g))
+        assert e["n"] > 0, run
+        assert e["median"] <= 0.001 and e["p90"] <= 0.001, (run, e)
+
+
+def test_idealise_slow_rank_ddp(graphs):
+    from traceanalyzer import replay
+    g = graphs["ddp_gloo_4rank_slow2"]
+    r = replay.what_if(g, {"actions": [{"action": "idealize", "ranks": [2]}]})
+    drop_ms = -r.steps.groupby("rank")["delta_ns"].mean() / 1e6
+    # rank 2 sleeps 20 ms per step; the mean over ranks keeps ~5 ms of it: expect 10-25 ms on every rank
+    assert ((drop_ms > 10) & (drop_ms < 25)).all(), drop_ms.to_dict()
+    assert r.identity_error["median"] <= 0.001
+
+
+def test_straggler_metric(graphs):
+    from traceanalyzer import replay
+    m = replay.straggler_metrics(graphs["ddp_gloo_4rank_slow2"])
+    assert m["S"] > 1.1
+    assert abs(m["waste"] - (1 - 1 / m["S"])) < 1e-9
+    sw = m["per_rank"].set_index("rank")["S_w"]
+    assert sw.idxmax() == 2 and sw[2] > 1.2, sw.to_dict()
+
+
+@pytest.mark.xfail(reason="first slice: the clean 4-rank run (2 ranks per core) gets S ~1.26, see README 'Replay'", strict=False)
+def test_straggler_metric_clean_run_near_one(graphs):
+    from traceanalyzer import replay
+    assert replay.straggler_metrics(graphs["ddp_gloo_4rank"])["S"] < 1.1
+
+
+def test_scale_plans_direction(graphs):
+    from traceanalyzer import replay
+    g = graphs["pp_1f1b_4rank"]
+    fast = replay.what_if(g, {"actions": [{"action": "scale", "ops": "*", "factor": 0.5}]})
+    assert (fast.steps["delta_ns"] < 0).all()
+    slow_comm = replay.what_if(g, {"actions": [{"action": "scale_comm", "factor": 2.0}]})
+    assert (slow_comm.steps["delta_ns"] >= 0).all() and slow_comm.steps["delta_ns"].sum() > 0
+    none = replay.what_if(g, {"actions": [{"action": "scale", "ops": "no-such-op", "factor": 3}]})
+    assert (none.steps["delta_ns"] == 0).all()
+
+
+def test_cli_replay_and_chrome_trace(store, tmp_path, run_cli):
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"name": "fix2", "actions": [{"action": "idealize", "ranks": [2]}]}))
+    out = tmp_path / "pred.json"
+    code, stdout, err = run_cli("replay", store, "--run", "ddp_gloo_4rank_slow2", "--plan", plan, "--chrome-trace", out)
+    assert code == 0, err
+    assert "identity-replay error median" in stdout and "predicted" in stdout
+    doc = json.loads(out.read_text())
+    assert sum(e["ph"] == "X" for e in doc["traceEvents"]) > 100
+
+
+@pytest.mark.parametrize("text", ['{"actions": [{"action": "scal"}]}', "{not json", '{"actions": []}',
+                                  '{"actions": [{"action": "scale", "factor": -1}]}',
+                                  '{"actions": [{"action": "idealize", "ranks": "two"}]}',
+                                  '{"actions": [{"action": "idealize", "rank": [2]}]}'])
+def test_bad_plan_one_line_error(store, tmp_path, run_cli, text):
+    plan = tmp_path / "bad.json"
+    plan.write_text(text)
+    code, stdout, err = run_cli("replay", store, "--run", "ddp_gloo_4rank", "--plan", plan)
+    assert code == 2
+    assert err.startswith("traceanalyzer: error: ") and err.count("\n") == 1, err

@@ -1,0 +1,131 @@
+"""What-if plans: change node durations, replay, compare with the identity replay.
+
+A plan is a list of actions applied in order to the graph's durations:
+
+* ``{"action": "idealize", "ranks": [2] | "all", "ops": "glob" (optional), "comm": true}``:
+  the chosen ranks' compute (CPU ops, host gaps, GPU ops) takes the mean over ranks of the same
+  operation (same lane, name and occurrence), and their communication takes the median transfer
+  time of its class (op, bytes) with no per-rank tail (the OSDI'25 straggler study's T_ideal);
+* ``{"action": "scale", "factor": 0.5, "ops": "glob", "categories": [...], "ranks": [...]}``:
+  matching compute ops scaled;
+* ``{"action": "scale_comm", "factor": 0.5, "ops": ["all_reduce"], "ranks": [...]}``:
+  communication transfer scaled.
+
+Why durations only: the graph keeps every recorded dependency, so any duration change propagates
+through waits, collectives and p2p the way the recorded run would have. Pipeline schedule changes
+and DP bucket changes need new nodes and edges: not in this first slice.
+"""
+from __future__ import annotations
+
+import fnmatch
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ..errors import TraceAnalyzerError
+from .graph import GAP, KERNEL, OP, POST, Graph
+
+_ACTIONS = {"idealize": {"ranks", "ops", "comm", "compute"},
+            "scale": {"factor", "ops", "categories", "ranks"},
+            "scale_comm": {"factor", "ops", "ranks"}}
+
+
+def load_plan(path_or_obj) -> dict:
+    """Read and validate a plan (a path to JSON, a JSON string or a dict); errors are one line."""
+    if isinstance(path_or_obj, dict):
+        plan, where = path_or_obj, "plan"
+    else:
+        where = str(path_or_obj)
+        try:
+            text = Path(path_or_obj).read_text()
+        except OSError as exc:
+            raise TraceAnalyzerError(f"{where}: cannot read the plan ({exc.strerror})") from None
+        try:
+            plan = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise TraceAnalyzerError(f"{where}: not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    if isinstance(plan, list):
+        plan = {"actions": plan}
+    if not isinstance(plan, dict) or not isinstance(plan.get("actions"), list) or not plan["actions"]:
+        raise TraceAnalyzerError(f"{where}: a plan is an object with a non-empty \"actions\" list")
+    for i, a in enumerate(plan["actions"]):
+        if not isinstance(a, dict) or a.get("action") not in _ACTIONS:
+            raise TraceAnalyzerError(f"{where}: action {i}: \"action\" must be one of {', '.join(_ACTIONS)}")
+        extra = set(a) - _ACTIONS[a["action"]] - {"action"}
+        if extra:
+            raise TraceAnalyzerError(f"{where}: action {i} ({a['action']}): unknown key(s) {', '.join(sorted(extra))}; "
+                                     f"known: {', '.join(sorted(_ACTIONS[a['action']]))}")
+        if "factor" in _ACTIONS[a["action"]]:
+            f = a.get("factor")
+            if not isinstance(f, (int, float)) or isinstance(f, bool) or not f >= 0:
+                raise TraceAnalyzerError(f"{where}: action {i} ({a['action']}): \"factor\" must be a number >= 0")
+        r = a.get("ranks", "all")
+        if r != "all" and not (isinstance(r, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in r)):
+            raise TraceAnalyzerError(f"{where}: action {i} ({a['action']}): \"ranks\" must be \"all\" or a list of integers")
+    plan.setdefault("name", Path(where).stem if where != "plan" else "plan")
+    return plan
+
+
+def _rank_mask(g: Graph, ranks) -> np.ndarray:
+    if ranks in (None, "all"):
+        return g.rank >= 0
+    return np.isin(g.rank, np.asarray(ranks, dtype=np.int64))
+
+
+def _name_mask(g: Graph, pattern) -> np.ndarray:
+    if pattern is None:
+        return np.ones(g.n, bool)
+    pats = [pattern] if isinstance(pattern, str) else list(pattern)
+    ok = np.array([any(fnmatch.fnmatchcase(lbl, p) for p in pats) for lbl in g.labels], dtype=bool)
+    return ok[g.label] if len(ok) else np.zeros(g.n, bool)
+
+
+def typical_durations(g: Graph) -> np.ndarray:
+    """Per node, the typical duration: compute = mean over ranks of the same operation (lane
+    ordinal within the rank, name, k-th occurrence on that lane); communication = median transfer
+    of its class (op, bytes, p2p or not) over the run, no per-rank tail."""
+    lanes = g.lanes.sort_values(["rank", "type", "tid"])
+    lanes["ordinal"] = lanes.groupby(["rank", "type"]).cumcount()
+    lane_key = np.full(int(g.lane.max()) + 2, -1)
+    lane_key[lanes["lane"].to_numpy()] = pd.factorize(lanes["type"] + ":" + lanes["ordinal"].astype(str))[0]
+    df = pd.DataFrame({"lane": lane_key[g.lane], "label": g.label, "kind": g.kind, "dur": g.dur, "rank": g.rank})
+    df["occ"] = df.groupby(["rank", "lane", "label", "kind"]).cumcount()
+    typ = df.groupby(["lane", "label", "kind", "occ"])["dur"].transform("mean").to_numpy()
+    out = np.where(np.isin(g.kind, [OP, GAP, KERNEL]), np.rint(typ).astype(np.int64), g.dur)
+    inst = g.instances.set_index("inst")
+    cls = inst["op"].astype(str) + "|" + inst["bytes"].astype(str) + "|" + inst["is_p2p"].astype(str)
+    med = inst["transfer_ns"].groupby(cls).transform("median")
+    post = g.kind == POST
+    out[post] = np.rint(med.reindex(g.inst[post]).to_numpy()).astype(np.int64)
+    return out
+
+
+def apply_plan(g: Graph, plan: dict, typical: np.ndarray | None = None) -> np.ndarray:
+    """The durations after the plan's actions."""
+    dur = g.dur.copy()
+    compute = np.isin(g.kind, [OP, GAP, KERNEL])
+    comm = g.kind == POST
+    for a in plan["actions"]:
+        m = _rank_mask(g, a.get("ranks", "all")) & _name_mask(g, a.get("ops"))
+        if a["action"] == "idealize":
+            if typical is None:
+                typical = typical_durations(g)
+            sel = np.zeros(g.n, bool)
+            if a.get("compute", True):
+                sel |= compute
+            if a.get("comm", True):
+                sel |= comm
+            m &= sel
+            dur[m] = typical[m]
+        elif a["action"] == "scale":
+            m &= compute
+            if a.get("categories"):
+                cats = np.isin(np.asarray(g.categories, dtype=object), a["categories"])
+                m &= cats[g.category] if len(cats) else False
+            dur[m] = np.rint(dur[m] * float(a["factor"])).astype(np.int64)
+        else:  # scale_comm
+            m &= comm
+            dur[m] = np.rint(dur[m] * float(a["factor"])).astype(np.int64)
+    return dur
