@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 from pathlib import Path
 
@@ -38,3 +39,11 @@ def run_cli(capsys):
 def need_external():
     if not EXTERNAL.exists():
         pytest.skip(f"external traces not found at {EXTERNAL} (they live in ../shared/traces/external)")
+
+
+def snapshot(store: Path) -> dict[str, str]:
+    """Every file of a store with its content hash: equal snapshots = store unchanged."""
+    if not store.exists():
+        return {}
+    return {p.relative_to(store).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(store.rglob("*")) if p.is_file()}

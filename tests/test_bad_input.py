@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import gzip
-import hashlib
 import json
 import os
 import shutil
@@ -16,17 +15,10 @@ import pytest
 
 import traceanalyzer as ta
 
-from conftest import EXTERNAL, ROOT, TRACES, load_raw, need_external
+from conftest import snapshot, EXTERNAL, ROOT, TRACES, load_raw, need_external
 
 GOOD = TRACES / "ddp_gloo_2rank" / "rank0.window0.pt.trace.json.gz"
 
-
-def snapshot(store: Path) -> dict[str, str]:
-    """Every file of the store with its content hash (lock and staging excluded)."""
-    if not store.exists():
-        return {}
-    return {p.relative_to(store).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(store.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture

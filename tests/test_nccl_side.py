@@ -5,7 +5,6 @@ Real torch 2.13 output: the gloo FR dumps in traces/ and the dumps made here in 
 From documentation only (no GPU here): the fixtures in tests/fixtures/ (see their README)."""
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import pickle
@@ -23,17 +22,11 @@ from traceanalyzer.flight_recorder import fr_tables, read_fr_dump
 from traceanalyzer.nccl_logs import read_nccl_log
 from traceanalyzer.nccl_plugins import read_inspector, read_profiler_dump
 
-from conftest import ROOT, TRACES
+from conftest import snapshot, ROOT, TRACES
 
 FIX = ROOT / "tests" / "fixtures"
 REAL_FR = sorted(TRACES.glob("*/rank*.fr.json"))
 
-
-def snapshot(store: Path) -> dict[str, str]:
-    if not store.exists():
-        return {}
-    return {p.relative_to(store).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(store.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ shows the traceback.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import traceback
 

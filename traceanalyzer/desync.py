@@ -32,6 +32,7 @@ from pathlib import Path
 import pandas as pd
 
 from .errors import TraceAnalyzerError, TraceInputError
+from .ingest import format_ranges
 
 #: Ops whose input sizes may differ between ranks for a correct call (uneven splits, roots).
 SIZES_MAY_DIFFER = {"all_to_all", "gather", "scatter", "coalesced", "send", "recv", "send_recv", None}
@@ -248,7 +249,7 @@ def _mismatches(base: dict, colls: dict, last: dict) -> list[dict]:
             variants = defaultdict(list)
             for r, s in sigs.items():
                 variants[s].append(r)
-            detail = "; ".join(f"ranks {_ranges(rs)}: {s[0]} {s[1] or ''} {s[2]}".replace("  ", " ")
+            detail = "; ".join(f"ranks {format_ranges(rs)}: {s[0]} {s[1] or ''} {s[2]}".replace("  ", " ")
                                for s, rs in sorted(variants.items(), key=lambda kv: kv[1]))
             first = colls[min(colls)][seq]
             return [_finding("mismatch", base, seq, first, joined=sorted(colls), missing=[],
@@ -266,8 +267,8 @@ def _missing(base: dict, colls: dict, last: dict, by_rank: dict) -> list[dict]:
     holder = next((r for r in joined if seq in colls[r]), joined[0])
     entry = colls[holder].get(seq) or {}
     missing_last = {r: _describe_last(by_rank[r]) for r in missing}
-    detail = (f"ranks {_ranges(missing)} never called collective #{seq} of group {base['pg_name']}; "
-              f"ranks {_ranges(joined)} wait in it")
+    detail = (f"ranks {format_ranges(missing)} never called collective #{seq} of group {base['pg_name']}; "
+              f"ranks {format_ranges(joined)} wait in it")
     return [_finding("missing_ranks", base, seq, entry, joined, missing, detail, holder, missing_last)]
 
 
@@ -277,7 +278,7 @@ def _no_dump(base: dict, last: dict, source: str) -> list[dict]:
     if not base["no_dump_ranks"] or source == "seen_in_dumps":
         return []
     reached = f"collective #{max(last.values())}" if last else "no collective"
-    detail = (f"no Flight Recorder dump from ranks {_ranges(base['no_dump_ranks'])} (died, or hung before dumping?); "
+    detail = (f"no Flight Recorder dump from ranks {format_ranges(base['no_dump_ranks'])} (died, or hung before dumping?); "
               f"the ranks with dumps reached {reached} of group {base['pg_name']}")
     return [_finding("no_dump", base, max(last.values()) if last else None, {}, sorted(last), base["no_dump_ranks"],
                      detail)]
@@ -298,7 +299,7 @@ def _not_completed(base: dict, colls: dict, last: dict) -> list[dict]:
     for r, s in states.items():
         by_state[s].append(r)
     detail = (f"every member joined collective #{seq}, but it did not complete: "
-              + ", ".join(f"{s} on ranks {_ranges(rs)}" for s, rs in sorted(by_state.items())))
+              + ", ".join(f"{s} on ranks {format_ranges(rs)}" for s, rs in sorted(by_state.items())))
     holder = min(r for r, s in states.items() if s != "completed")
     return [_finding("not_completed", base, seq, entries[holder], sorted(entries), [], detail, holder)]
 
@@ -363,31 +364,16 @@ def _describe_last(dump: RankDump) -> str:
     return text + (f" from {where}" if where else "")
 
 
-def _ranges(values) -> str:
-    values = sorted(values)
-    if not values:
-        return "-"
-    out, start, prev = [], values[0], values[0]
-    for v in values[1:] + [None]:
-        if v is not None and v == prev + 1:
-            prev = v
-            continue
-        out.append(str(start) if start == prev else f"{start}-{prev}")
-        if v is not None:
-            start = prev = v
-    return ",".join(out)
-
-
 # -- the one-screen answer -----------------------------------------------------------------------
 
 def format_text(d: Diagnosis) -> str:
-    lines = [f"Flight Recorder dumps of {len(d.ranks)} rank(s) ({_ranges(d.ranks)}), backend {d.backend or '?'}"]
+    lines = [f"Flight Recorder dumps of {len(d.ranks)} rank(s) ({format_ranges(d.ranks)}), backend {d.backend or '?'}"]
     for g in d.groups.to_dict("records"):
         seqs = ", ".join(f"{r}:{s}" for r, s in sorted(g["last_seq"].items()))
-        line = (f"  group {g['pg_name']} ({g['pg_desc']}): members {_ranges(g['members'])} "
+        line = (f"  group {g['pg_name']} ({g['pg_desc']}): members {format_ranges(g['members'])} "
                 f"[{g['membership_source']}]; last collective # per rank {seqs}")
         if g["no_dump_ranks"]:
-            line += f"; no dump from ranks {_ranges(g['no_dump_ranks'])}"
+            line += f"; no dump from ranks {format_ranges(g['no_dump_ranks'])}"
         lines.append(line)
     if d.findings.empty:
         lines.append("No desync: every member of every group reached the same collective, with the same ops"
@@ -403,7 +389,7 @@ def format_text(d: Diagnosis) -> str:
         lines.append(f"{titles[f['kind']]}: group {f['pg_name']} ({f['pg_desc']}), {seq}: {f['profiling_name']} "
                      f"sizes {json.dumps(f['input_sizes'])} {json.dumps(f['input_dtypes'])}")
         if f["kind"] == "missing_ranks":
-            lines.append(f"  missing ranks: {_ranges(f['missing_ranks'])}   joined: {_ranges(f['joined_ranks'])}")
+            lines.append(f"  missing ranks: {format_ranges(f['missing_ranks'])}   joined: {format_ranges(f['joined_ranks'])}")
             for r, text in sorted(f["missing_last"].items()):
                 lines.append(f"  rank {r} {text}")
         else:

@@ -23,7 +23,7 @@ from typing import Iterable
 
 from . import schema as S
 from . import store as st
-from .errors import StoreError, TraceAnalyzerError, TraceInputError
+from .errors import TraceAnalyzerError, TraceInputError
 from .flight_recorder import sidecar_path
 
 #: Below this much input (compressed bytes on disk) and without an explicit --workers, files are
@@ -73,11 +73,11 @@ class IngestReport:
     def summary(self) -> str:
         ranks = sorted({t.rank for t in self.traces})
         comms = sum(t.counts.get("comms", 0) for t in self.traces)
-        line = (f"ingested {len(self.traces)} trace(s) of run '{self.run}' (ranks {_ranges(ranks)}): "
+        line = (f"ingested {len(self.traces)} trace(s) of run '{self.run}' (ranks {format_ranges(ranks)}): "
                 f"{self.n_events:,} events, {comms:,} communication ops in {self.seconds:.1f} s -> {self.store}")
         if not self.traces:
             side_ranks = sorted({s.rank for s in self.sidecars})
-            line = (f"ingested no traces; run '{self.run}' (ranks {_ranges(side_ranks)}) in {self.seconds:.1f} s "
+            line = (f"ingested no traces; run '{self.run}' (ranks {format_ranges(side_ranks)}) in {self.seconds:.1f} s "
                     f"-> {self.store}")
         from .sidecars import summary_line
         side = summary_line(self.sidecars, self.sidecars_already_in_store)
@@ -88,7 +88,9 @@ class IngestReport:
         return line
 
 
-def _ranges(values: list[int]) -> str:
+def format_ranges(values) -> str:
+    """[0, 1, 2, 5] -> '0-2,5' (how ranks are listed in one-line messages)."""
+    values = sorted(values)
     if not values:
         return "-"
     out, start, prev = [], values[0], values[0]

@@ -204,14 +204,12 @@ class _Builder:
                     continue
                 ke, kl = k["te_k"].to_numpy(), k["ts"].to_numpy()
                 kid = k["event_id_gpu"].to_numpy()
-                launched_max = np.maximum.accumulate(kl)  # not exact, enough: syncs are rare
                 for ts, te, tid in zip(s["ts"], s["te"], s["tid"]):
                     j = np.searchsorted(ke, te, side="right") - 1
                     while j >= 0 and kl[j] > ts:
                         j -= 1
                     if j >= 0 and ke[j] > ts:
                         rows.append((rank, tid, ts, ke[j], "gpu", kid[j]))
-                del launched_max
             if rows:
                 w = pd.DataFrame(rows, columns=["rank", "tid", "lo", "hi", "src_kind", "src_ref"])
                 waits.append(w)
