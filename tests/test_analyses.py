@@ -139,7 +139,7 @@ def test_phases_cover_the_step(slow2):
 def test_exposed_intervals_add_up_to_exposed_time(slow2):
     con = ta.open(slow2)
     analyses.prepare(con)
-    a = dict(con.execute("SELECT rank, sum(exposed_ns) FROM exposed_comm GROUP BY rank").fetchall())
+    a = dict(con.execute("SELECT rank, sum(exposed_ns) FROM exposed_intervals GROUP BY rank").fetchall())
     b = dict(con.execute("SELECT rank, sum(exposed_ns) FROM overlap_steps GROUP BY rank").fetchall())
     assert a == b
     top = analyses.exposed_comm(slow2).iloc[0]

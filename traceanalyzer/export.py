@@ -125,6 +125,7 @@ def _overlays(con, run: str, ranks: list[int]) -> pd.DataFrame:
     parts += [dict(rank=r.rank, track="pipeline bubbles", lo_ns=r.lo_ns, hi_ns=r.hi_ns,
                    name=f"bubble: {r.kind}" + (f" (waiting on rank {int(r.caused_by_rank)})" if pd.notna(r.caused_by_rank) else ""),
                    args={"step": r.step, "kind": r.kind}) for r in df.itertuples()]
+    con.execute("SET VARIABLE exposed_top = 2147483647")  # every interval of the exported ranks
     df = con.execute(f"""SELECT rank, step, op, pg, seq, bytes, comm_name, compute_before, compute_after,
                                 lo_ns + {off} AS lo_ns, hi_ns + {off} AS hi_ns
                          FROM exposed_comm x WHERE run = $run AND list_contains($ranks, rank)""", args).df()

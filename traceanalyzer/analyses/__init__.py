@@ -32,7 +32,7 @@ PARAMETERS: dict[str, tuple[Any, str]] = {
     "seqlen_min_corr": (0.9, "forward/backward correlation across steps that signals sequence-length imbalance"),
     "idle_kernel_wait_ns": (30_000, "a gap between kernels of a stream shorter than this is 'kernel wait' (HTA: 30 us)"),
     "slow_stage_min_excess_pct": (10.0, "a pipeline stage is slow when its own time exceeds the other stages' median by this % of the step"),
-    "exposed_top": (20, "exposed-communication intervals kept per run by analyze"),
+    "exposed_top": (20, "exposed-communication intervals attributed (collective, compute before/after) per run"),
     "kernels_top": (10, "kernels/operators kept per rank and category by analyze"),
 }
 
@@ -108,8 +108,14 @@ def overlap(store_or_con, run: str | None = None, per: str = "rank", **params) -
 
 
 def exposed_comm(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
-    """Exposed communication intervals (no compute at the same time), largest first."""
+    """The largest exposed communication intervals (no compute at the same time; exposed_top per
+    run), each with its collective and the compute before and after it."""
     return _query(store_or_con, "SELECT * FROM exposed_comm{where} ORDER BY run, rank_order", run, params)
+
+
+def exposed_intervals(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
+    """Every exposed communication interval (not attributed), largest first."""
+    return _query(store_or_con, "SELECT * FROM exposed_intervals{where} ORDER BY run, rank_order", run, params)
 
 
 def temporal_breakdown(store_or_con, run: str | None = None, per: str = "step", **params) -> pd.DataFrame:

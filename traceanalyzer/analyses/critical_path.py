@@ -38,9 +38,11 @@ def critical_path(store_or_con, run: str | None = None, step: int | None = None,
     last = con.execute(f"""SELECT run, step, pg, seq, last_arriver FROM collective_instances
                            WHERE n_ranks > 1 AND step IS NOT NULL {where}""", args).df()
     rows = []
+    coll_by_step = {k: g for k, g in coll.groupby(["run", "step"], sort=False)}
+    last_by_step = {k: g.set_index(["pg", "seq"])["last_arriver"] for k, g in last.groupby(["run", "step"], sort=False)}
     for (run_name, step_no), st in steps.groupby(["run", "step"], sort=True):
-        c = coll[(coll["run"] == run_name) & (coll["step"] == step_no)]
-        l = last[(last["run"] == run_name) & (last["step"] == step_no)].set_index(["pg", "seq"])["last_arriver"]
+        c = coll_by_step.get((run_name, step_no), coll.iloc[0:0])
+        l = last_by_step.get((run_name, step_no), pd.Series(dtype="int64"))
         rows += _walk(run_name, int(step_no), st.set_index("rank"), c, l)
     return pd.DataFrame(rows, columns=_COLS)
 
@@ -62,6 +64,9 @@ def _walk(run: str, step: int, st: pd.DataFrame, coll: pd.DataFrame, last_arrive
     for rank, g in coll.groupby("rank"):
         g = g.sort_values("last_arrival_ns")
         by_rank[rank] = (g["last_arrival_ns"].to_numpy(), g[["pg", "seq"]].to_numpy(), g["arrival_ns"].to_numpy())
+    arrival = {(pg, int(seq), int(r)): int(a) for pg, seq, r, a in
+               zip(coll["pg"], coll["seq"], coll["rank"], coll["arrival_ns"])}
+    last_arriver = {(pg, int(seq)): int(r) for (pg, seq), r in last_arriver.items()}
     rank = int(st["step_end_ns"].idxmax())
     t = int(st.loc[rank, "step_end_ns"])
     rows, hop, seen = [], 0, set()
@@ -69,7 +74,7 @@ def _walk(run: str, step: int, st: pd.DataFrame, coll: pd.DataFrame, last_arrive
         releases, keys, _ = by_rank.get(rank, (np.array([]), np.empty((0, 2)), np.array([])))
         i = bisect.bisect_right(releases, t) - 1
         # skip collectives where this rank did not wait (it arrived last itself): keep walking back
-        while i >= 0 and int(last_arriver.get(tuple(keys[i]), rank)) == rank:
+        while i >= 0 and last_arriver.get((keys[i][0], int(keys[i][1])), rank) == rank:
             i -= 1
         start = int(st.loc[rank, "step_start_ns"]) if rank in st.index else t
         if i < 0 or (rank, i) in seen:
@@ -82,15 +87,17 @@ def _walk(run: str, step: int, st: pd.DataFrame, coll: pd.DataFrame, last_arrive
         rows.append(dict(run=run, step=step, hop=hop, rank=rank, lo_ns=release, hi_ns=t, dur_ns=t - release,
                          via_pg=pg, via_seq=int(seq)))
         hop += 1
-        nxt = int(last_arriver[(pg, seq)])
-        arr = coll[(coll["pg"] == pg) & (coll["seq"] == seq) & (coll["rank"] == nxt)]["arrival_ns"]
-        rank, t = nxt, int(arr.iloc[0]) if len(arr) else release
+        nxt = last_arriver[(pg, int(seq))]
+        rank, t = nxt, arrival.get((pg, int(seq), nxt), release)
 
 
-def critical_path_summary(store_or_con, run: str | None = None, step: int | None = None, **params) -> pd.DataFrame:
-    """Time on each step's critical path per rank and activity (compute/comm/memory/idle)."""
-    con = prepare(_connect(store_or_con), **params)
-    path = critical_path(con, run=run, step=step)
+def critical_path_summary(store_or_con, run: str | None = None, step: int | None = None,
+                          path: pd.DataFrame | None = None, **params) -> pd.DataFrame:
+    """Time on each step's critical path per rank and activity (compute/comm/memory/idle);
+    ``path`` is critical_path()'s result when the caller already has it."""
+    con = prepare(_connect(store_or_con), **params) if path is None else _connect(store_or_con)
+    if path is None:
+        path = critical_path(con, run=run, step=step)
     if path.empty:
         return pd.DataFrame(columns=["run", "step", "rank", "label", "path_ns", "path_pct"])
     con.register("_cp_path", path)

@@ -28,7 +28,7 @@ QUERIES: dict[str, str] = {
     "stragglers": "SELECT * FROM straggler_findings ORDER BY run, rank_order",
     "phases": "SELECT * FROM step_phases ORDER BY run, step, rank",
     "overlap": "SELECT * FROM overlap_ranks ORDER BY run, rank",
-    "exposed_comm": "SELECT * FROM exposed_comm WHERE rank_order <= getvariable('exposed_top') ORDER BY run, rank_order",
+    "exposed_comm": "SELECT * FROM exposed_comm ORDER BY run, rank_order",
     "temporal_breakdown": "SELECT * FROM temporal_breakdown ORDER BY run, rank, step",
     "temporal_ranks": "SELECT * FROM temporal_ranks ORDER BY run, rank",
     "kernel_breakdown": "SELECT * FROM kernel_breakdown WHERE rank_in_category <= getvariable('kernels_top') "
@@ -44,14 +44,16 @@ QUERIES: dict[str, str] = {
     "pipeline_bubbles": "SELECT * FROM pipeline_bubbles ORDER BY run, step, stage",
     "pipeline_slow_stages": "SELECT * FROM pipeline_slow_stages ORDER BY run, rank_order",
 }
-def _critical_path(con, run):
+def _critical_path(con, run, cache):
     from .critical_path import critical_path
-    return critical_path(con, run=run)
+    if "critical_path" not in cache:
+        cache["critical_path"] = critical_path(con, run=run)
+    return cache["critical_path"]
 
 
-def _critical_path_summary(con, run):
+def _critical_path_summary(con, run, cache):
     from .critical_path import critical_path_summary
-    return critical_path_summary(con, run=run)
+    return critical_path_summary(con, run=run, path=_critical_path(con, run, cache))
 
 
 #: analyses computed in Python (over the same SQL views): name -> f(con, run) -> DataFrame.
@@ -67,10 +69,17 @@ def compute(con, run: str | None = None, only: list[str] | None = None, **params
     if unknown:
         raise TraceAnalyzerError(f"unknown analysis: {', '.join(unknown)}; known: {', '.join(ALL)}")
     prepare(con, **params)
-    out = {}
+    out, cache = {}, {}
+    has_pipeline = None
     for name in names:
+        if name.startswith("pipeline_") and name != "pipeline_shape":
+            if has_pipeline is None:  # the pipeline views are costly: skip them when there is no pipeline
+                has_pipeline = con.execute("SELECT count(*) FROM pipeline_shape").fetchone()[0] > 0
+            if not has_pipeline:
+                out[name] = S.RESULTS[name].arrow_schema.empty_table().to_pandas()
+                continue
         if name in PRODUCERS:
-            df = PRODUCERS[name](con, run)
+            df = PRODUCERS[name](con, run, cache)
         else:
             sql = QUERIES[name]
             if run is not None:

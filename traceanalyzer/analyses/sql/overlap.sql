@@ -31,19 +31,26 @@ SELECT run, rank,
              / nullif(sum(dur_ns) FILTER (WHERE n_comm > 0), 0) AS overlap_pct
 FROM activity_window_segments GROUP BY run, rank;
 
--- Exposed communication intervals, largest first.
--- Columns: run, rank, window_id, step, lo_ns, hi_ns, exposed_ns, op, pg, seq, bytes (of the
--- collective covering most of the interval), comm_name, compute_before, compute_after (names of
--- the compute that ended last before it and started first after it), rank_order (per run).
-CREATE OR REPLACE TEMP VIEW exposed_comm AS
+-- Exposed communication intervals, all of them: consecutive exposed segments joined.
+-- Columns: run, rank, window_id, step, lo_ns, hi_ns, exposed_ns, rank_order (per run, largest first).
+CREATE OR REPLACE TEMP VIEW exposed_intervals AS
 WITH seg AS (
     SELECT *, sum(CASE WHEN lo_ns = prev_hi THEN 0 ELSE 1 END) OVER (PARTITION BY run, rank, window_id, step ORDER BY lo_ns) AS island
     FROM (SELECT *, lag(hi_ns) OVER (PARTITION BY run, rank, window_id, step ORDER BY lo_ns) AS prev_hi
           FROM activity_segments WHERE label = 'comm')
-),
-intervals AS (
-    SELECT run, rank, window_id, step, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns, sum(dur_ns) AS exposed_ns
-    FROM seg GROUP BY run, rank, window_id, step, island
+)
+SELECT run, rank, window_id, step, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns, sum(dur_ns) AS exposed_ns,
+       row_number() OVER (PARTITION BY run ORDER BY sum(dur_ns) DESC, rank, min(lo_ns)) AS rank_order
+FROM seg GROUP BY run, rank, window_id, step, island;
+
+-- The largest exposed intervals (exposed_top per run, default 20), attributed: the collective that
+-- covers most of each, and the compute just before and after it. Attribution is a range join, so
+-- it is done for the intervals a user will read, not for all of them.
+-- Columns: run, rank, window_id, step, lo_ns, hi_ns, exposed_ns, op, pg, seq, bytes, comm_name,
+-- compute_before, compute_after, rank_order.
+CREATE OR REPLACE TEMP VIEW exposed_comm AS
+WITH intervals AS (
+    SELECT * FROM exposed_intervals WHERE rank_order <= getvariable('exposed_top')
 ),
 covering AS (
     SELECT i.run, i.rank, i.window_id, i.step, i.lo_ns,
@@ -71,7 +78,7 @@ after AS (
 SELECT i.run, i.rank, i.window_id, i.step, i.lo_ns, i.hi_ns, i.exposed_ns,
        c.op, c.pg_name AS pg, c.seq, coalesce(c.in_bytes, c.out_bytes) AS bytes,
        coalesce(cv.comm_name, c.exec_name) AS comm_name, b.compute_before, f.compute_after,
-       row_number() OVER (PARTITION BY i.run ORDER BY i.exposed_ns DESC, i.rank, i.lo_ns) AS rank_order
+       i.rank_order
 FROM intervals i
 LEFT JOIN covering cv USING (run, rank, window_id, step, lo_ns)
 LEFT JOIN comms c ON c.run = i.run AND c.rank = i.rank AND c.window_id = i.window_id AND c.comm_id = cv.comm_id
