@@ -6,6 +6,12 @@ traces (and the external 8-rank DLRM trace when present) into a temp store, buil
 Speed is given as simulated nodes/s and as a ratio to a baseline measured in the same process: one
 plain numpy pass over the same arrays (a cumulative sum of the durations plus a max-reduce over the
 edge CSR), i.e. what the arrays cost to touch at all. Goal: >= 1 M simulated ops/s.
+
+``--store DIR`` instead times one big store (e.g. the 128-rank replicated DLRM job that
+``benchmarks/analyses_bench.py`` builds): store views, graph load + build, simulator set-up and one
+identity replay, peak RSS, with a plain DuckDB scan of the same events (count + sum of durations)
+as the baseline measured in the same process. Goal (issue): a 128-rank step of >= 100 k ops per
+rank built and simulated in < 5 s.
 """
 from __future__ import annotations
 
@@ -36,11 +42,63 @@ def _baseline(g) -> float:
     return time.perf_counter() - t
 
 
+def big_store(store: str, append: bool) -> int:
+    import resource
+
+    import traceanalyzer as ta
+    from traceanalyzer import replay
+    from traceanalyzer.analyses import prepare
+    con = ta.open(store)
+    t = time.perf_counter()
+    n_ev, n_rank, n_steps = con.execute("SELECT count(*), count(DISTINCT rank), (SELECT count(*) FROM steps) "
+                                        "FROM events").fetchone()
+    con.execute("SELECT count(*), sum(dur_ns) FROM events").fetchone()
+    scan_s = time.perf_counter() - t
+    t = time.perf_counter()
+    prepare(con)
+    prepare_s = time.perf_counter() - t
+    t = time.perf_counter()
+    g = replay.build_graph(con)
+    build_total = time.perf_counter() - t
+    t = time.perf_counter()
+    sim = replay.Simulator(g)
+    setup_s = time.perf_counter() - t
+    t = time.perf_counter()
+    sim.run()
+    sim_s = time.perf_counter() - t
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+    steps_per_rank = n_steps / max(n_rank, 1)
+    text = (f"\n## Replay at scale: {n_rank} ranks, {n_ev:,} events ({n_ev / max(n_rank, 1):,.0f} per rank, "
+            f"{steps_per_rank:.0f} steps per rank)\n\n`python benchmarks/replay_bench.py --store {store}` on "
+            f"{platform.node()} ({os.cpu_count()} CPUs, Python {platform.python_version()}; machine shared with other "
+            f"work), {time.strftime('%Y-%m-%d')}.\n\n"
+            f"| phase | seconds | vs baseline scan |\n|---|---|---|\n"
+            f"| baseline: DuckDB scan of the events (count, sum) | {scan_s:.2f} | 1.0x |\n"
+            f"| store views (prepare) | {prepare_s:.2f} | {prepare_s / scan_s:.0f}x |\n"
+            f"| graph load (store queries) | {g.stats['load_s']:.2f} | {g.stats['load_s'] / scan_s:.0f}x |\n"
+            f"| graph build (numpy/pandas) | {g.stats['build_s']:.2f} | {g.stats['build_s'] / scan_s:.0f}x |\n"
+            f"| build_graph in all | {build_total:.2f} | {build_total / scan_s:.0f}x |\n"
+            f"| simulator set-up | {setup_s:.2f} | {setup_s / scan_s:.1f}x |\n"
+            f"| one identity replay ({g.n:,} nodes, {len(g.src):,} edges) | {sim_s:.2f} | {sim_s / scan_s:.1f}x |\n\n"
+            f"Simulated {g.n / sim_s / 1e6:.2f} M ops/s (goal >= 1 M: {'met' if g.n / sim_s >= 1e6 else 'NOT met'}); "
+            f"peak RSS {rss:.1f} GB. Build + simulate of the whole store {build_total + setup_s + sim_s:.1f} s "
+            f"(goal < 5 s for one 128-rank step of >= 100 k ops per rank: "
+            f"{'met' if build_total + setup_s + sim_s < 5 else 'NOT met'}).\n")
+    print(text)
+    if append:
+        with open(ROOT / "benchmarks" / "RESULTS.md", "a") as fh:
+            fh.write(text)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeat", type=int, default=50)
+    ap.add_argument("--store", default=None, help="time one big store instead of the committed traces")
     ap.add_argument("--append", action="store_true", help="append the table to benchmarks/RESULTS.md")
     args = ap.parse_args()
+    if args.store:
+        return big_store(args.store, args.append)
     import traceanalyzer as ta
     from traceanalyzer import replay
     rows = []

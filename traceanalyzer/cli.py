@@ -145,11 +145,21 @@ def _cmd_replay(args) -> int:
     print(per_rank.round(3).rename(columns=lambda c: c.replace("_ns", "_ms")).to_string())
     print(f"job step (slowest rank, mean over steps): identity {res.job_step_ns('identity_ns') / 1e6:.3f} ms, "
           f"predicted {res.job_step_ns() / 1e6:.3f} ms")
+    bd = res.breakdown_delta().set_index("rank")
+    cols = [c for c in bd.columns if c.endswith("_delta_ns")]
+    print("breakdown delta vs identity (ms per step; step_time = the rank's step):")
+    print((bd[cols] / 1e6).round(3).rename(columns=lambda c: c.replace("_delta_ns", "")).to_string())
     if args.straggler_metrics:
         m = rp.straggler_metrics(g, sim=sim)
         print(f"straggler what-if: T {m['T_ns'] / 1e6:.3f} ms, T_ideal {m['T_ideal_ns'] / 1e6:.3f} ms, "
               f"S {m['S']:.3f}, waste {m['waste']:.3f}; S_w: " +
               ", ".join(f"rank {int(r.rank)} {r.S_w:.3f}" for r in m["per_rank"].itertuples()))
+        print("S_t: " + ", ".join(f"{r.op_type} {r.S_t:.3f}" for r in m["per_op_type"].itertuples()))
+        line = (f"idealising only the worst {len(m['top_ranks'])} rank(s) ({', '.join(map(str, m['top_ranks']))}) "
+                f"recovers {100 * m['top_ranks_recovered']:.0f}% of the slowdown")
+        if m["last_stage_ranks"]:
+            line += f"; only the last pipeline stage: {100 * m['last_stage_recovered']:.0f}%"
+        print(line)
     if args.chrome_trace:
         from .replay.chrome import write_chrome_trace
         n = write_chrome_trace(g, res.schedule, args.chrome_trace, name=plan["name"])

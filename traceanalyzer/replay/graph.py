@@ -69,6 +69,7 @@ class Graph:
     steps: pd.DataFrame     # rank, step, measured_ns, start_node, end_node, end_uses_end
     instances: pd.DataFrame  # inst, key, op, bytes, is_p2p, transfer_ns
     stats: dict = field(default_factory=dict)
+    stages: pd.DataFrame | None = None   # rank, stage (pipelines: the analyses' stage detection)
 
     @property
     def n(self) -> int:
@@ -86,7 +87,13 @@ def build_graph(store_or_con, run: str | None = None) -> Graph:
         run = runs[0]
     elif run not in runs:
         raise TraceAnalyzerError(f"replay: run '{run}' has no steps in the store (runs: {', '.join(runs) or 'none'})")
-    return _Builder(con, run).build()
+    g = _Builder(con, run).build()
+    try:
+        g.stages = con.execute("SELECT rank, stage FROM pipeline_stages WHERE run = $run ORDER BY stage, rank",
+                               {"run": run}).df()
+    except Exception:  # noqa: BLE001 - no pipeline views: not a pipeline
+        g.stages = None
+    return g
 
 
 class _Builder:

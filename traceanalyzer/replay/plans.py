@@ -4,8 +4,9 @@ A plan is a list of actions applied in order to the graph's durations:
 
 * ``{"action": "idealize", "ranks": [2] | "all", "ops": "glob" (optional), "comm": true}``:
   the chosen ranks' compute (CPU ops, host gaps, GPU ops) takes the mean over ranks of the same
-  operation (same lane, name and occurrence), and their communication takes the median transfer
-  time of its class (op, bytes) with no per-rank tail (the OSDI'25 straggler study's T_ideal);
+  operation (same lane, name and occurrence), and their communication takes the median over the
+  instance's members of their time after the last arrival (the OSDI'25 straggler study's
+  T_ideal: mean for compute, median for communication transfer);
 * ``{"action": "scale", "factor": 0.5, "ops": "glob", "categories": [...], "ranks": [...]}``:
   matching compute ops scaled;
 * ``{"action": "scale_comm", "factor": 0.5, "ops": ["all_reduce"], "ranks": [...]}``:
@@ -84,21 +85,45 @@ def _name_mask(g: Graph, pattern) -> np.ndarray:
 
 def typical_durations(g: Graph) -> np.ndarray:
     """Per node, the typical duration: compute = mean over ranks of the same operation (lane
-    ordinal within the rank, name, k-th occurrence on that lane); communication = median transfer
-    of its class (op, bytes, p2p or not) over the run, no per-rank tail."""
+    ordinal within the rank, name, k-th occurrence on that lane); communication = median over the
+    members of the same collective / p2p instance of their own time after the last arrival.
+
+    Why host gaps are keyed by the node that follows them: a gap has no name of its own, and the
+    cut points that split a thread's time into gaps differ between ranks (a wait detected on one
+    rank, not on another), so "the k-th gap" of two ranks is often not the same moment of the step;
+    "the gap before the k-th `aten::as_strided`" is."""
     lanes = g.lanes.sort_values(["rank", "type", "tid"])
     lanes["ordinal"] = lanes.groupby(["rank", "type"]).cumcount()
     lane_key = np.full(int(g.lane.max()) + 2, -1)
     lane_key[lanes["lane"].to_numpy()] = pd.factorize(lanes["type"] + ":" + lanes["ordinal"].astype(str))[0]
-    df = pd.DataFrame({"lane": lane_key[g.lane], "label": g.label, "kind": g.kind, "dur": g.dur, "rank": g.rank})
+    name = g.label.astype(np.int64)
+    nxt = np.empty_like(name)
+    nxt[:-1] = name[1:]
+    nxt[-1] = -1
+    same_lane = np.zeros(g.n, bool)
+    same_lane[:-1] = (g.lane[1:] == g.lane[:-1]) & (g.lane[:-1] >= 0)
+    is_gap = g.kind == GAP
+    name = np.where(is_gap & same_lane, nxt, name)
+    df = pd.DataFrame({"lane": lane_key[g.lane], "label": name, "kind": g.kind, "dur": g.dur, "rank": g.rank})
     df["occ"] = df.groupby(["rank", "lane", "label", "kind"]).cumcount()
-    typ = df.groupby(["lane", "label", "kind", "occ"])["dur"].transform("mean").to_numpy()
-    out = np.where(np.isin(g.kind, [OP, GAP, KERNEL]), np.rint(typ).astype(np.int64), g.dur)
-    inst = g.instances.set_index("inst")
-    cls = inst["op"].astype(str) + "|" + inst["bytes"].astype(str) + "|" + inst["is_p2p"].astype(str)
-    med = inst["transfer_ns"].groupby(cls).transform("median")
+    typ = np.rint(df.groupby(["lane", "label", "kind", "occ"])["dur"].transform("mean").to_numpy()).astype(np.int64)
+    out = np.where(np.isin(g.kind, [OP, KERNEL]), typ, g.dur)
+    # a host gap may hide a wait the graph could not see (a thread descheduled while its own gloo
+    # runloop thread reduces, a wait with no traced call): idealising never lengthens a gap
+    out = np.where(is_gap, np.minimum(typ, g.dur), out)
+    # communication: the median over the members of the same instance of their own part after the
+    # last arrival (a single member's long tail is removed; the instance keeps its own transfer time,
+    # so step-to-step variation of the network stays in T_ideal as it does for compute)
     post = g.kind == POST
-    out[post] = np.rint(med.reindex(g.inst[post]).to_numpy()).astype(np.int64)
+    pi = np.flatnonzero(post)
+    if len(pi):
+        d = pd.DataFrame({"inst": g.inst[pi], "rank": g.rank[pi], "dur": g.dur[pi]})
+        member = d.groupby(["inst", "rank"], sort=False)["dur"].transform("sum")   # a member's POST may be split
+        share = np.where(member > 0, d["dur"] / member.where(member > 0, 1), 0.0)
+        med = d.assign(member=member).drop_duplicates(["inst", "rank"]).groupby("inst")["member"].median()
+        # never longer than the member's own (gloo's members finish at different times by design)
+        typ_member = np.minimum(med.reindex(d["inst"]).to_numpy(), member.to_numpy())
+        out[pi] = np.rint(share * typ_member).astype(np.int64)
     return out
 
 
