@@ -196,6 +196,8 @@ def open_store(store: str | os.PathLike, read_only_db: str | None = None):
                any_value(backend) AS backend, min(start_ts_ns) AS start_ts_ns, max(end_ts_ns) AS end_ts_ns
         FROM ranks GROUP BY run""")
     con.execute(_COMMS_FR)
+    from .nccl_join import register  # nccl_comm_map + comms_nccl: NCCL communicators matched to process groups
+    register(con)
     _result_views(con, store, manifest)
     return con
 
