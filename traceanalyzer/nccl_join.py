@@ -17,8 +17,9 @@ position of the window in the communicator's sequence is unknown too. Both are f
    ``min_score`` over at least ``min_ops`` pairs.
 3. Training repeats itself: a window of steps 4-6 fits a log of steps 0-6 equally at every step.
    When several offsets score within ``ambiguity_margin`` of the best, durations break the tie
-   where the source has them (Inspector exec time, plugin COLL duration vs the kernel's): the best
-   offset's median |ln ratio| must be ``dur_tiebreak_ratio`` times smaller than the runner-up's.
+   where the source has them (Inspector exec time, plugin COLL duration vs the kernel's): the
+   runner-up offset's median |ln ratio| must be ``dur_tiebreak_ratio`` times the best's (errors
+   under ``dur_error_floor`` count as that floor: timing noise).
    Otherwise the communicator stays unjoined (``ambiguous``), with the offsets in the reason.
 4. Direct evidence: torch's ``ProcessGroupNCCL created ncclComm_ 0x...`` line in the log names the
    group (only that group is tried; ``contradicted`` if its ops do not fit). A log communicator whose
@@ -56,6 +57,8 @@ class JoinParams:
     ambiguity_margin: float = 0.05
     #: a duration tie-break needs the runner-up's duration error to be this many times the best's
     dur_tiebreak_ratio: float = 2.0
+    #: duration errors below this (|ln ratio|, ~1 %) are timing noise: the runner-up must beat ratio x max(best, floor)
+    dur_error_floor: float = 0.01
 
 
 # -- the two sides as sequences -------------------------------------------------------------------
@@ -141,7 +144,7 @@ def _align(nccl: list[dict], prof: list[dict], p: JoinParams) -> _Fit:
     if len(tied) > 1:
         ranked = sorted(tied, key=lambda d: (math.inf if errors[d] is None else errors[d]))
         e1, e2 = errors[ranked[0]], errors[ranked[1]]
-        if e1 is not None and e2 is not None and e2 >= p.dur_tiebreak_ratio * e1 and e2 > 0:
+        if e1 is not None and e2 is not None and e2 >= p.dur_tiebreak_ratio * max(e1, p.dur_error_floor):
             chosen, by_dur = ranked[0], True
     return _Fit(chosen, overlap[chosen], matched[chosen], scores[chosen], tied, errors[chosen], by_dur)
 
@@ -196,7 +199,7 @@ def _map_comm(src, run, rank, comm, ops_, prof_rows, pids, p: JoinParams) -> lis
         cands = {pg: rows_ for pg, rows_ in pgs.items() if torch_pg is None or pg == torch_pg}
         row = {**base, "window_id": int(window)}
         if not cands:
-            out.append({**row, "status": "contradicted", "pg_name": torch_pg,
+            out.append({**row, "status": "no_profiler_collectives", "pg_name": torch_pg, "evidence": "torch_log",
                         "reason": f"torch's log names process group {torch_pg} for communicator {base['nccl_comm']}, "
                                   f"which has no collectives in window {window}"})
             continue
