@@ -176,7 +176,8 @@ COMMS = Table("comms", "One row per communication operation on a rank, normalise
 # -- The NCCL side: per-process dumps and logs, partitioned by (run, rank) only -----------------
 # A process writes each of these once, whatever its profiling windows, so they are not tied to
 # a trace file. Files: TABLE/run=R/rank=K/part-G-N.parquet. Their rows are joined to the profiler's
-# collectives by (run, rank, process group, sequence number); see the comms_fr view.
+# collectives by (run, rank, process group, sequence number); see the comms_fr view, and for the NCCL
+# logs and plugins (numbered per communicator) nccl_comm_map and comms_nccl (traceanalyzer/nccl_join.py).
 
 _PER_RANK = ("run", "rank")
 
