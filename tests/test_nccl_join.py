@@ -121,6 +121,50 @@ def test_counts_contradicting_the_trace_are_not_joined(tmp_path):
     assert row["status"] == "below_threshold" and row["reason"].startswith("best: process group 0, 6 of 21 ops agree")
 
 
+def test_two_communicators_fitting_one_group(tmp_path):
+    """A second Inspector file with the same records (another communicator id): neither can be told
+    apart by its ops; only the pid of the trace's process (2910249) can."""
+    need_external()
+    text = PLUGINS[0].read_text().replace("0x3f6c1a2b9d8e7f01", "0x1111222233334444")
+    (tmp_path / "in").mkdir()
+    twin = tmp_path / "in" / "gpu-node-pid2910251.log"
+    twin.write_text(text.replace('"pid":2910249', '"pid":2910251'))
+    ta.ingest([TRACE, PLUGINS[0], twin], tmp_path / "s", run="ddp")
+    m = mapping(ta.open(tmp_path / "s"))
+    keep, other = m[(0, "nccl_inspector", "0x3f6c1a2b9d8e7f01")], m[(0, "nccl_inspector", "0x1111222233334444")]
+    assert (keep["status"], other["status"]) == ("joined", "ambiguous")
+    assert other["reason"] == ("communicators 0x1111222233334444, 0x3f6c1a2b9d8e7f01 all fit process group 0; "
+                               "0x3f6c1a2b9d8e7f01 has the trace's pid")
+    twin.write_text(text)  # same pid: nothing tells them apart
+    ta.ingest([TRACE, PLUGINS[0], twin], tmp_path / "s2", run="ddp")
+    m = mapping(ta.open(tmp_path / "s2"))
+    assert {r["status"] for r in m.values()} == {"ambiguous"} and len(m) == 2
+
+
+def test_two_process_groups(tmp_path):
+    """The older fixtures (all written, none real): a 4-rank job's rank 0 trace with process groups 0
+    (4 all_reduce of 1024 floats, 4 ranks) and 1 (2 all_gather of 512, 2 ranks), its NCCL log with two
+    communicators (world, and a 2-rank split) and its Inspector output."""
+    old = ROOT / "tests" / "fixtures"
+    ta.ingest([old / "nccl_fr" / "rank0.window0.pt.trace.json", old / "nccl_logs" / "nccl_debug_rank0.txt",
+               old / "nccl_plugins" / "gpu-a-pid4242.log"], tmp_path / "s", run="x")
+    con = ta.open(tmp_path / "s")
+    m = mapping(con)
+    assert [(m[k]["pg_name"], m[k]["status"], m[k]["pos_offset"], m[k]["n_matched"]) for k in
+            [(0, "nccl_log", "0x55d0c3a0e0c0"), (0, "nccl_log", "0x55d0c3b1f2a0"), (0, "nccl_inspector", "0x9d2c5e0a11f3b7c4")]] == \
+        [("0", "joined", 0, 4), ("1", "joined", 0, 2), ("1", "joined", 0, 2)]
+    # the Inspector has 3 of the world communicator's 4 all_reduces: they fit at 0 and 1, and its
+    # times (40-42 us) are nothing like the kernels' (380 us)
+    insp = m[(0, "nccl_inspector", "0x48211cb83d2f7ee3")]
+    assert insp["status"] == "ambiguous" and "(offsets 0, 1)" in insp["reason"] and insp["dur_error"] > 2
+    rows = con.execute("SELECT pg_name, seq, nccl_log_op_count, nccl_log_count, inspector_sn FROM comms_nccl "
+                       "ORDER BY pg_name, seq").fetchall()
+    # opCount 2 of the world communicator is a Send (p2p, not joined): seq 3 is opCount 3; the log's
+    # last AllReduce (bfloat16, 2048, opCount 5) is in no trace window
+    assert rows == [("0", 1, 0, 1024, None), ("0", 2, 1, 1024, None), ("0", 3, 3, 1024, None), ("0", 4, 4, 1024, None),
+                    ("1", 1, 0, 512, 1), ("1", 2, 1, 512, 2)]
+
+
 def test_thresholds_are_parameters(tmp_path):
     need_external()
     store = tmp_path / "s"

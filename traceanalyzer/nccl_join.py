@@ -14,7 +14,7 @@ position of the window in the communicator's sequence is unknown too. Both are f
    reduce); all_to_all and p2p are Send/Recv in NCCL and are left out on both sides.
 2. Every shift (offset) of one sequence against the other is scored: pairs with the same op, size
    and group size, divided by the shorter sequence's length. The best offset must reach
-   ``min_score`` over at least ``min_ops`` pairs.
+   ``min_score`` over at least ``min_ops`` pairs (or the whole shorter sequence).
 3. Training repeats itself: a window of steps 4-6 fits a log of steps 0-6 equally at every step.
    When several offsets score within ``ambiguity_margin`` of the best, durations break the tie
    where the source has them (Inspector exec time, plugin COLL duration vs the kernel's): the
@@ -26,7 +26,8 @@ position of the window in the communicator's sequence is unknown too. Both are f
    commId hash equals an Inspector communicator's is the same communicator: if the log alone is
    ambiguous and the Inspector's is joined, the Inspector's ``sn`` anchors the log (log collective
    i = the record with sn i + b; b in {0, 1}, the one base whose ops agree, else nothing).
-5. Two communicators of one source that both fit one group and window are both left ambiguous.
+5. Two communicators of one source that both fit one group and window are both left ambiguous,
+   unless only one was written by the trace's process (its pid): that one is kept.
 
 The result is ``nccl_comm_map`` (schema.NCCL_COMM_MAP) and the ``comms_nccl`` view (schema.COMMS_NCCL),
 built by :func:`register` when a store is opened. Verified only on fixtures written from NCCL's
@@ -51,7 +52,7 @@ NCCL_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "
 class JoinParams:
     #: fraction of the shorter sequence that must match at the chosen offset
     min_score: float = 0.9
-    #: fewest compared pairs for an offset to count
+    #: fewest compared pairs for an offset to count (or the whole shorter sequence, when shorter)
     min_ops: int = 3
     #: offsets (or groups) scoring within this of the best are equally good
     ambiguity_margin: float = 0.05
@@ -134,7 +135,8 @@ def _align(nccl: list[dict], prof: list[dict], p: JoinParams) -> _Fit:
             if _same(a, prof[j]):
                 matched[j - i] += 1
     overlap = {d: min(n, m - d) - max(0, -d) for d in matched}
-    scores = {d: matched[d] / min(n, m) for d in matched if overlap[d] >= p.min_ops}
+    need = min(p.min_ops, n, m)  # a sequence shorter than min_ops must match whole
+    scores = {d: matched[d] / min(n, m) for d in matched if overlap[d] >= need}
     if not scores:
         return _Fit(None, 0, 0, 0.0, [], None, False)
     best = max(scores.values())
@@ -161,7 +163,11 @@ def _dur_error(nccl, prof, d) -> float | None:
 def compute(con, params: JoinParams = JoinParams()) -> tuple[pd.DataFrame, dict[str, pd.DataFrame]]:
     """(nccl_comm_map rows, {source: matched pairs}) for every (run, rank) with NCCL-side rows."""
     ops = "(" + ", ".join(f"'{o}'" for o in NCCL_COLLECTIVES) + ")"
-    nccl = {src: con.execute(sql.format(ops=ops)).df() for src, sql in _NCCL_SQL.items()}
+    log_cols = {r[0] for r in con.execute("DESCRIBE nccl_log_ops").fetchall()}
+    sqls = dict(_NCCL_SQL)
+    if "torch_pg_name" not in log_cols:  # a store written before schema 1.2
+        sqls["nccl_log"] = sqls["nccl_log"].replace(", torch_pg_name,", ", NULL::VARCHAR AS torch_pg_name,")
+    nccl = {src: con.execute(sql.format(ops=ops)).df() for src, sql in sqls.items()}
     ranks = pd.concat([d[["run", "rank"]] for d in nccl.values()]).drop_duplicates()
     con.register("_nccl_ranks", ranks)
     prof = con.execute(_PROFILER_SQL.format(ops_barrier=ops[:-1] + ", 'barrier')")).df()
@@ -207,6 +213,12 @@ def _map_comm(src, run, rank, comm, ops_, prof_rows, pids, p: JoinParams) -> lis
         ranked = sorted(fits, key=lambda pg: -fits[pg].score)
         pg = ranked[0]
         f = fits[pg]
+        if f.offset is None:  # no group fits at all: name none
+            out.append({**row, "status": "contradicted" if torch_pg else "below_threshold", "pg_name": torch_pg,
+                        "n_tied": 0, "evidence": "torch_log" if torch_pg else None,
+                        "reason": f"no offset against {'process group ' + str(torch_pg) if torch_pg else 'any process group'} "
+                                  f"of window {window} makes {min(p.min_ops, len(ops_))} or more of its {len(ops_)} ops agree"})
+            continue
         evidence = ["ops_sizes"] + (["durations"] if f.by_durations else []) + (["torch_log"] if torch_pg else []) + ([pid_ok] if pid_ok else [])
         row.update(pg_name=pg, n_pg_ops=len(cands[pg]), pos_offset=f.offset, n_compared=f.n_compared, n_matched=f.n_matched,
                    score=round(f.score, 4), n_tied=len(f.tied), dur_error=f.dur_error, evidence=";".join(evidence))
@@ -232,7 +244,8 @@ def _map_comm(src, run, rank, comm, ops_, prof_rows, pids, p: JoinParams) -> lis
 
 
 def _conflicts(rows: list[dict]) -> list[dict]:
-    """Two communicators of one source joined to the same (run, rank, window, group): neither is kept."""
+    """Two communicators of one source joined to the same (run, rank, window, group): neither is kept,
+    unless it is the only one whose pid is the trace's."""
     claims = defaultdict(list)
     for r in rows:
         if r["status"] == "joined":
@@ -240,8 +253,13 @@ def _conflicts(rows: list[dict]) -> list[dict]:
     for (_, _, _, _, pg), rs in claims.items():
         if len(rs) > 1:
             names = ", ".join(r["nccl_comm"] for r in rs)
+            same_pid = [r for r in rs if "pid" in r["evidence"].split(";")]
             for r in rs:
-                r.update(status="ambiguous", reason=f"communicators {names} all fit process group {pg}")
+                if len(same_pid) == 1 and r is same_pid[0]:  # the only one written by the trace's process
+                    r["reason"] += f"; of communicators {names}, which all fit, the only one with the trace's pid"
+                else:
+                    r.update(status="ambiguous", reason=f"communicators {names} all fit process group {pg}" +
+                             (f"; {same_pid[0]['nccl_comm']} has the trace's pid" if len(same_pid) == 1 else ""))
     return rows
 
 
