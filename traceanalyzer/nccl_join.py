@@ -182,9 +182,8 @@ def compute(con, params: JoinParams = JoinParams()) -> tuple[pd.DataFrame, dict[
             rows += _map_comm(src, run, int(rank), comm, ops_, groups.get((run, rank), []), pids.get((run, rank), set()), params)
     rows = _conflicts(rows)
     rows = _transfer(rows, seqs, groups, params)
-    cols = [c.name for c in S.NCCL_COMM_MAP.columns]
-    mapping = pd.DataFrame(rows, columns=cols)
-    return mapping, _links(mapping, seqs, groups)
+    links = _links(rows, seqs, groups)
+    return pd.DataFrame(rows, columns=[c.name for c in S.NCCL_COMM_MAP.columns]), links
 
 
 def _map_comm(src, run, rank, comm, ops_, prof_rows, pids, p: JoinParams) -> list[dict]:
@@ -295,18 +294,14 @@ def _transfer(rows, seqs, groups, p: JoinParams) -> list[dict]:
                  reason=f"{n_ok} of {min(len(log_ops), len(prof))} ops agree at offset {offset}, taken from the Inspector "
                         f"records of the same communicator (commId {r['comm_hash']}; log collective i = coll_sn i+{b}); "
                         f"the log alone fit {r['n_tied']} repeating alignments")
-    for r in rows:
-        r.pop("_key", None)
     return rows
 
 
-def _links(mapping: pd.DataFrame, seqs, groups) -> dict[str, pd.DataFrame]:
+def _links(rows: list[dict], seqs, groups) -> dict[str, pd.DataFrame]:
     """Matched (profiler collective, NCCL op) pairs of every joined communicator, per source."""
     out = {src: [] for src in _NCCL_SQL}
-    for r in mapping[mapping["status"] == "joined"].to_dict("records"):
-        key = r["nccl_comm"] if r["source"] != "nccl_log" else None
-        ops_ = next(v for (src, run, rank, k), v in seqs.items() if src == r["source"] and run == r["run"] and rank == r["rank"]
-                    and (k == key or (key is None and k.split(":", 1)[-1] == r["nccl_comm"])))
+    for r in (r for r in rows if r["status"] == "joined"):
+        ops_ = seqs[(r["source"], r["run"], r["rank"], r["_key"])]
         prof = [x for x in groups[(r["run"], r["rank"])] if x["window_id"] == r["window_id"] and x["pg_name"] == r["pg_name"]]
         for i, a in enumerate(ops_):
             j = i + int(r["pos_offset"])
