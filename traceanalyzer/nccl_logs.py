@@ -14,6 +14,13 @@ file name (``rank3``), else from RCCL's ``globalrank``, else from the ``Init COM
 the largest communicator in the log (``comm %p rank %d nranks %d cudaDev %d ... commId 0x%llx -
 Init COMPLETE``: for the world communicator that rank is the global rank), else from ``--rank``.
 
+When the file is the job's combined output (torch logging to the same stream), PyTorch's own line
+``ProcessGroupNCCL created ncclComm_ 0x... on CUDA device: D`` (``TORCH_CPP_LOG_LEVEL=INFO``; torch's
+``NCCLComm::repr()`` prints the ``ncclComm_t`` pointer, the same one NCCL prints as ``comm %p``) is
+read too: its log prefix names the process group, ``[PG ID 0 PG GUID 0(default_pg) Rank 0] `` in
+torch 2.3+, ``[PG 0 (default_pg) Rank 0] `` before. That is direct evidence of which process group
+a communicator serves (``torch_pg_name``, used by :mod:`traceanalyzer.nccl_join`).
+
 Lines that are not NCCL log lines, and NCCL op lines that do not parse, are skipped and counted
 (``garbage_lines``, ``malformed_op_lines``); other NCCL lines (INIT, NET, ...) are ignored, and so
 are lines starting with ``#`` (NCCL writes none; they annotate test fixtures).
@@ -46,6 +53,9 @@ _OP = re.compile(
 _OPCOUNT_HINT = re.compile(r"^[A-Za-z]+: opCount ")
 _INIT = re.compile(r"comm (?P<comm>0x[0-9a-fA-F]+|\(nil\)) rank (?P<rank>\d+) nranks (?P<nranks>\d+) cudaDev (?P<dev>\d+)"
                    r".*?commId (?P<commid>0x[0-9a-fA-F]+) - Init COMPLETE")
+#: torch's "ProcessGroupNCCL created ncclComm_ %p" line, after its "[PG ID i PG GUID name(desc) Rank r] " prefix.
+_TORCH_COMM = re.compile(r"\[PG (?:ID \d+ PG GUID )?(?P<pg>[^\s(\]]+) ?(?:\((?P<desc>[^)]*)\))? Rank (?P<grank>\d+)\] "
+                         r"ProcessGroupNCCL created ncclComm_ (?P<comm>0x[0-9a-fA-F]+)")
 _RANK_IN_NAME = re.compile(r"rank[_-]?(\d+)", re.IGNORECASE)
 #: Names that mark a file as an NCCL debug log in a folder (NCCL_DEBUG_FILE is user-chosen).
 NAME_RE = re.compile(r"(\.nccl\.(log|txt)|^nccl[_-]?debug.*\.(log|txt))(\.gz)?$", re.IGNORECASE)
@@ -80,7 +90,7 @@ def read_nccl_log(path: str | Path, rank: int | None = None) -> NcclLog:
     except (OSError, EOFError) as exc:
         raise TraceInputError(path, f"cannot read NCCL log ({getattr(exc, 'strerror', None) or exc})") from None
     text = raw.decode("utf-8", errors="replace")
-    rows, inits = [], {}
+    rows, inits, torch_pgs = [], {}, {}
     garbage = malformed = other = 0
     grank: int | None = None
     seq: dict[tuple, int] = {}
@@ -89,6 +99,10 @@ def read_nccl_log(path: str | Path, rank: int | None = None) -> NcclLog:
             continue
         m = _PREFIX.search(line)
         if m is None:
+            tc = _TORCH_COMM.search(line)
+            if tc:  # torch's own line: which process group the communicator serves
+                torch_pgs[tc["comm"].lower()] = (tc["pg"], tc["desc"])
+                continue
             garbage += 1
             continue
         msg = m["msg"]
@@ -117,11 +131,12 @@ def read_nccl_log(path: str | Path, rank: int | None = None) -> NcclLog:
                      "redop": redop, "redop_name": REDOPS.get(redop, "premulsum" if redop >= 5 else None),
                      "root": int(op["root"]), "sendbuff": op["sendbuff"], "recvbuff": op["recvbuff"],
                      "comm": op["comm"], "nranks": int(op["nranks"]), "stream": op["stream"],
-                     "comm_rank": None, "comm_id": None, "_key": key})
+                     "comm_rank": None, "comm_id": None, "torch_pg_name": None, "torch_pg_desc": None, "_key": key})
         seq[key] = seq.get(key, 0) + 1
     if not rows and not other and not malformed:
         raise TraceInputError(path, "not an NCCL debug log (no 'host:pid:tid [dev] NCCL INFO' lines)")
     for r in rows:
+        r["torch_pg_name"], r["torch_pg_desc"] = torch_pgs.get(r["comm"].lower(), (None, None))
         if r["_key"] in inits:
             r["comm_rank"], _, r["comm_id"] = inits[r.pop("_key")]
         else:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1.1"
+SCHEMA_VERSION = "1.2"
 
 #: Durations above this are not plausible for one traced operation (a clock glitch or a
 #: never-closed range); such events are dropped and counted (``skipped.absurd_duration``).
@@ -176,7 +176,8 @@ COMMS = Table("comms", "One row per communication operation on a rank, normalise
 # -- The NCCL side: per-process dumps and logs, partitioned by (run, rank) only -----------------
 # A process writes each of these once, whatever its profiling windows, so they are not tied to
 # a trace file. Files: TABLE/run=R/rank=K/part-G-N.parquet. Their rows are joined to the profiler's
-# collectives by (run, rank, process group, sequence number); see the comms_fr view.
+# collectives by (run, rank, process group, sequence number); see the comms_fr view, and for the NCCL
+# logs and plugins (numbered per communicator) nccl_comm_map and comms_nccl (traceanalyzer/nccl_join.py).
 
 _PER_RANK = ("run", "rank")
 
@@ -251,6 +252,8 @@ NCCL_LOG_OPS = Table("nccl_log_ops", "One row per NCCL API call logged with NCCL
     _c("stream", STR, "CUDA stream pointer (text)"),
     _c("comm_rank", I32, "this process's rank in the communicator, from its 'Init COMPLETE' line (null when the INIT lines are absent)"),
     _c("comm_id", STR, "commId hash of the communicator from its 'Init COMPLETE' line (same on every rank of the communicator)"),
+    _c("torch_pg_name", STR, "process group name from torch's 'ProcessGroupNCCL created ncclComm_ <comm>' line in the same file (PG GUID), else null"),
+    _c("torch_pg_desc", STR, "process group description from that line (default_pg, ...), else null"),
 ), _PER_RANK)
 
 NCCL_INSPECTOR_OPS = Table("nccl_inspector_ops", "One row per completed collective (coll_perf) or p2p (p2p_perf) record of the NCCL Inspector profiler plugin's JSON output.", (
@@ -338,6 +341,62 @@ COMMS_FR = Table("comms_fr", "Derived view: every column of comms, for the colle
 ))
 
 
+#: Derived table (computed when the store is opened; see traceanalyzer/nccl_join.py): which process
+#: group each NCCL communicator serves, per (run, rank, source, communicator, profiling window).
+NCCL_COMM_MAP = Table("nccl_comm_map", "Derived table: each NCCL communicator seen in a rank's NCCL log, Inspector or "
+                      "profiler-plugin output, matched to the process group whose collectives (in comms) it carried, "
+                      "with the alignment of its op sequence, a match score and the evidence; or left unjoined with the "
+                      "reason. One row per (run, rank, source, nccl_comm, window_id).", (
+    _c("run", STR, "run name"),
+    _c("rank", I32, "global rank"),
+    _c("source", STR, "nccl_log, nccl_inspector or nccl_profiler"),
+    _c("nccl_comm", STR, "the communicator as the source names it: comm pointer (log), header.id hash (Inspector), CommHash (plugin)"),
+    _c("comm_hash", STR, "the communicator's hash as lowercase hex (log: commId of its Init COMPLETE line; Inspector: header.id; plugin: CommHash), null when unknown: equal hashes are one communicator"),
+    _c("nccl_nranks", I32, "ranks of the communicator (null for the plugin)"),
+    _c("n_nccl_ops", I64, "collectives of this communicator in the source (the sequence that was aligned)"),
+    _c("window_id", I32, "profiling window of the rank (null when the rank has no profiler collectives)"),
+    _c("pg_name", STR, "the process group chosen (or, for an unjoined row, the best candidate), null when none"),
+    _c("n_pg_ops", I64, "collectives of that group in comms (this rank and window)"),
+    _c("status", STR, "joined, ambiguous (several alignments or groups fit equally), below_threshold, contradicted (torch's log names a group the ops do not fit) or no_profiler_collectives"),
+    _c("pos_offset", I64, "joined: the group's k-th collective (0-based, in seq order) is the communicator's (k - pos_offset)-th in the source"),
+    _c("n_compared", I64, "op pairs the chosen alignment compares (overlap of the two sequences)"),
+    _c("n_matched", I64, "pairs with the same op, element count / bytes and group size"),
+    _c("score", F64, "n_matched / the shorter sequence's length; must reach min_score (default 0.9)"),
+    _c("n_tied", I64, "alignments (offsets) of that group scoring within ambiguity_margin of the best"),
+    _c("dur_error", F64, "median |ln(NCCL-side duration / kernel duration)| over matched pairs of the chosen alignment (Inspector, plugin), else null"),
+    _c("evidence", STR, "what decided it, ';'-separated: ops_sizes (sequence alignment), durations (tie broken by op durations), torch_log (torch's 'created ncclComm_' line), comm_hash:<source> (alignment taken from the same communicator in another source), pid (the NCCL side's pid equals the trace's)"),
+    _c("reason", STR, "one line: why it is joined, or why not"),
+), partition=())
+
+#: Derived view: comms with the matched NCCL-side rows (see nccl_join.py / store.py).
+COMMS_NCCL = Table("comms_nccl", "Derived view: every column of comms, every row, plus the NCCL log line, Inspector record "
+                   "and profiler-plugin COLL event of the same collective where nccl_comm_map joined its communicator "
+                   "(matched pairs only: an op the alignment compared but found different is left null). p2p ops are not "
+                   "joined.", (
+    _c("nccl_log_matched", BOOL, "a NCCL log line was joined"),
+    _c("nccl_log_comm", STR, "nccl_log_ops.comm (communicator pointer)"),
+    _c("nccl_log_op_count", I64, "nccl_log_ops.op_count (NCCL's opCount)"),
+    _c("nccl_log_count", I64, "nccl_log_ops.count (elements)"),
+    _c("nccl_log_dtype", STR, "nccl_log_ops.dtype"),
+    _c("nccl_log_nranks", I32, "nccl_log_ops.nranks"),
+    _c("nccl_log_line_no", I64, "nccl_log_ops.line_no"),
+    _c("nccl_log_file", STR, "nccl_log_ops.source_file"),
+    _c("inspector_matched", BOOL, "an Inspector coll_perf record was joined"),
+    _c("inspector_sn", I64, "nccl_inspector_ops.sn (coll_sn)"),
+    _c("inspector_exec_dur_ns", I64, "nccl_inspector_ops.exec_dur_ns", "ns"),
+    _c("inspector_algo", STR, "nccl_inspector_ops.algo"),
+    _c("inspector_proto", STR, "nccl_inspector_ops.proto"),
+    _c("inspector_algobw_gbs", F64, "nccl_inspector_ops.algobw_gbs", "GB/s"),
+    _c("inspector_busbw_gbs", F64, "nccl_inspector_ops.busbw_gbs", "GB/s"),
+    _c("plugin_matched", BOOL, "a profiler-plugin COLL event was joined"),
+    _c("plugin_seq_num", I64, "nccl_profiler_events.seq_num"),
+    _c("plugin_dur_ns", I64, "nccl_profiler_events.dur_ns (COLL begin to end)", "ns"),
+    _c("plugin_algorithm", STR, "nccl_profiler_events.algorithm"),
+    _c("plugin_protocol", STR, "nccl_profiler_events.protocol"),
+    _c("plugin_n_channels", I32, "nccl_profiler_events.n_channels"),
+))
+
+
 def empty_table(table: Table) -> pa.Table:
     return table.arrow_schema.empty_table()
 
@@ -347,9 +406,10 @@ def describe() -> str:
     lines = [f"# traceanalyzer store schema {SCHEMA_VERSION}", "",
              "Every per-rank table also has the Hive partition columns `run` (VARCHAR), `rank` (INTEGER, the global "
              "rank) and `window_id` (INTEGER, the profiling window of that rank; `window` is an SQL keyword).", ""]
-    for t in list(TABLES.values()) + [RUNS, COMMS_FR]:
+    derived = (RUNS, COMMS_FR, NCCL_COMM_MAP, COMMS_NCCL)
+    for t in list(TABLES.values()) + list(derived):
         lines += [f"## {t.name}", "", t.doc, ""]
-        if t.partition != ("run", "rank", "window_id") and t not in (RUNS, COMMS_FR):
+        if t.partition != ("run", "rank", "window_id") and t not in derived:
             lines += [f"Partitioned by {', '.join(f'`{k}`' for k in t.partition)} only (one per process, not per trace file).", ""]
         lines += ["| column | type | unit | meaning |", "|---|---|---|---|"]
         lines += [f"| {c.name} | {c.type} | {c.unit} | {c.doc} |" for c in t.columns]
