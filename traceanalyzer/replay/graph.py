@@ -79,7 +79,12 @@ class Graph:
 def build_graph(store_or_con, run: str | None = None) -> Graph:
     """Build the replay graph of one run from a store (all ranks)."""
     from ..analyses import _connect, prepare
-    con = prepare(_connect(store_or_con))
+    con = _connect(store_or_con)
+    # the analyses' views (clock offsets, pipeline stages) are needed; binding them costs seconds on
+    # a big store, so a connection that already has them (prepared by the caller) is used as it is
+    have = {v for (v,) in con.execute("SELECT view_name FROM duckdb_views() WHERE temporary").fetchall()}
+    if not {"clock_offsets", "pipeline_stages"} <= have:
+        prepare(con)
     runs = [r for (r,) in con.execute("SELECT DISTINCT run FROM steps ORDER BY run").fetchall()]
     if run is None:
         if len(runs) != 1:
@@ -112,6 +117,9 @@ class _Builder:
         ev = self.q("""SELECT rank, event_id, kind, name, ts_ns, dur_ns, tid, is_gpu, correlation
                        FROM events WHERE run = $run AND ph = 'X' AND kind NOT IN ('instant', 'gpu_annotation')
                          AND NOT (kind = 'other' AND name LIKE 'PyTorch Profiler%')""")
+        # names and kinds repeat a lot: categories make every later filter and copy cheap
+        ev["name"] = ev["name"].astype("category")
+        ev["kind"] = ev["kind"].astype("category")
         ev["o"] = ev["rank"].map(self.offset).fillna(0).astype("int64")
         ev["ts"] = ev["ts_ns"] + ev["o"]
         ev["te"] = ev["ts"] + ev["dur_ns"]
@@ -177,7 +185,9 @@ class _Builder:
         queue_tids = cm.loc[~cm["exec_on_cpu_lane"] & ~cm["on_gpu"].fillna(False), ["rank", "exec_tid"]]
         self.runloop = set(map(tuple, queue_tids.drop_duplicates().to_numpy()))
         cpu = ev[~ev["is_gpu"]]
-        is_rl = pd.Series([(r, t) in self.runloop for r, t in zip(cpu["rank"], cpu["tid"])], index=cpu.index, dtype=bool)
+        rl = pd.MultiIndex.from_tuples(sorted(self.runloop), names=["rank", "tid"]) if self.runloop else None
+        is_rl = (pd.MultiIndex.from_arrays([cpu["rank"], cpu["tid"]]).isin(rl) if rl is not None
+                 else np.zeros(len(cpu), bool))
         self.cpu = cpu[~is_rl]
         cuts = []   # (rank, tid, t)
         waits = []  # (rank, tid, lo, hi, src_kind, src_ref)  -> segments in [lo, hi) become WAIT; segment at hi gets edge
@@ -296,17 +306,21 @@ class _Builder:
         lanes = sorted(set(map(tuple, gpu[["rank", "tid"]].drop_duplicates().to_numpy())) |
                        {(r, t) for r, t in self.runloop})
         is_gpu_lane = set(map(tuple, gpu[["rank", "tid"]].drop_duplicates().to_numpy()))
+        gpu_groups = gpu.groupby(["rank", "tid"], sort=False).indices
+        ce_on_gpu = comm_exec["on_gpu"].fillna(False).to_numpy(bool)
+        ce_groups = comm_exec.groupby(["rank", "exec_tid"], sort=False).indices
         for rank, tid in lanes:
             parts = []
             if (rank, tid) in is_gpu_lane:
-                g = gpu[(gpu["rank"] == rank) & (gpu["tid"] == tid)]
+                g = gpu.iloc[gpu_groups[(rank, tid)]]
                 mask = np.array([(rank, i) not in comm_gpu_ids for i in g["event_id"]], dtype=bool)
                 g = g[mask]
                 parts.append(pd.DataFrame({"ms": g["ts"], "me": g["te"], "kind": KERNEL, "label": g["name"],
                                            "category": g["kind"], "inst": -1, "event_id": g["event_id"], "comm_id": -1,
                                            "sub": 0}))
-            c = comm_exec[(comm_exec["rank"] == rank) & (comm_exec["exec_tid"] == tid) &
-                          (comm_exec["on_gpu"].fillna(False) == ((rank, tid) in is_gpu_lane))]
+            ci = ce_groups.get((rank, tid), np.zeros(0, np.int64))
+            ci = ci[ce_on_gpu[ci] == ((rank, tid) in is_gpu_lane)]
+            c = comm_exec.iloc[ci]
             if len(c):
                 parts.append(pd.DataFrame({"ms": c["start_ts_ns"], "me": c["c"], "kind": ARRIVE, "label": c["op"],
                                            "category": "comm", "inst": c["inst"], "event_id": c["exec_event_id"],
@@ -437,8 +451,11 @@ class _Builder:
             return
         nd = self.nodes_df
         lanes = nd["lane"].to_numpy()
-        for (rank, tid), g in sw.groupby(["rank", "tid"]):
-            l = L[(L["rank"] == rank) & (L["tid"] == tid)].sort_values("ts")
+        by_thread = L.groupby(["rank", "tid"], sort=False).indices
+        for (rank, tid), g in sw.groupby(["rank", "tid"], observed=True):
+            if (rank, tid) not in by_thread:
+                continue
+            l = L.iloc[by_thread[(rank, tid)]].sort_values("ts")
             if l.empty:
                 continue
             lts, lnode = l["ts"].to_numpy(), l["node"].to_numpy()

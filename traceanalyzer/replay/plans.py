@@ -2,11 +2,15 @@
 
 A plan is a list of actions applied in order to the graph's durations:
 
-* ``{"action": "idealize", "ranks": [2] | "all", "ops": "glob" (optional), "comm": true}``:
+* ``{"action": "idealize", "ranks": [2] | "all", "ops": "glob" (optional), "comm": true,
+  "reference": "others" | "all"}``:
   the chosen ranks' compute (CPU ops, host gaps, GPU ops) takes the mean over ranks of the same
   operation (same lane, name and occurrence), and their communication takes the median over the
   instance's members of their time after the last arrival (the OSDI'25 straggler study's
-  T_ideal: mean for compute, median for communication transfer);
+  T_ideal: mean for compute, median for communication transfer). Typical is taken over the ranks
+  left as they are ("others", the default when only some ranks are idealised: "what if rank 2
+  behaved like the rest") or over every rank ("all", OSDI'25's T_ideal; with few ranks the
+  straggler's own time then stays in the mean);
 * ``{"action": "scale", "factor": 0.5, "ops": "glob", "categories": [...], "ranks": [...]}``:
   matching compute ops scaled;
 * ``{"action": "scale_comm", "factor": 0.5, "ops": ["all_reduce"], "ranks": [...]}``:
@@ -28,7 +32,7 @@ import pandas as pd
 from ..errors import TraceAnalyzerError
 from .graph import GAP, KERNEL, OP, POST, Graph
 
-_ACTIONS = {"idealize": {"ranks", "ops", "comm", "compute"},
+_ACTIONS = {"idealize": {"ranks", "ops", "comm", "compute", "reference"},
             "scale": {"factor", "ops", "categories", "ranks"},
             "scale_comm": {"factor", "ops", "ranks"}}
 
@@ -62,6 +66,8 @@ def load_plan(path_or_obj) -> dict:
             f = a.get("factor")
             if not isinstance(f, (int, float)) or isinstance(f, bool) or not f >= 0:
                 raise TraceAnalyzerError(f"{where}: action {i} ({a['action']}): \"factor\" must be a number >= 0")
+        if a.get("reference", "all") not in ("all", "others"):
+            raise TraceAnalyzerError(f"{where}: action {i} ({a['action']}): \"reference\" must be \"others\" or \"all\"")
         r = a.get("ranks", "all")
         if r != "all" and not (isinstance(r, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in r)):
             raise TraceAnalyzerError(f"{where}: action {i} ({a['action']}): \"ranks\" must be \"all\" or a list of integers")
@@ -83,7 +89,7 @@ def _name_mask(g: Graph, pattern) -> np.ndarray:
     return ok[g.label] if len(ok) else np.zeros(g.n, bool)
 
 
-def typical_durations(g: Graph) -> np.ndarray:
+def typical_durations(g: Graph, reference: np.ndarray | None = None) -> np.ndarray:
     """Per node, the typical duration: compute = mean over ranks of the same operation (lane
     ordinal within the rank, name, k-th occurrence on that lane); communication = median over the
     members of the same collective / p2p instance of their own time after the last arrival.
@@ -91,7 +97,10 @@ def typical_durations(g: Graph) -> np.ndarray:
     Why host gaps are keyed by the node that follows them: a gap has no name of its own, and the
     cut points that split a thread's time into gaps differ between ranks (a wait detected on one
     rank, not on another), so "the k-th gap" of two ranks is often not the same moment of the step;
-    "the gap before the k-th `aten::as_strided`" is."""
+    "the gap before the k-th `aten::as_strided`" is.
+
+    ``reference``: a per-rank boolean mask (indexed by rank) of the ranks whose durations define
+    "typical" (default: every rank). Operations that no reference rank ran keep their own duration."""
     lanes = g.lanes.sort_values(["rank", "type", "tid"])
     lanes["ordinal"] = lanes.groupby(["rank", "type"]).cumcount()
     lane_key = np.full(int(g.lane.max()) + 2, -1)
@@ -106,7 +115,11 @@ def typical_durations(g: Graph) -> np.ndarray:
     name = np.where(is_gap & same_lane, nxt, name)
     df = pd.DataFrame({"lane": lane_key[g.lane], "label": name, "kind": g.kind, "dur": g.dur, "rank": g.rank})
     df["occ"] = df.groupby(["rank", "lane", "label", "kind"]).cumcount()
-    typ = np.rint(df.groupby(["lane", "label", "kind", "occ"])["dur"].transform("mean").to_numpy()).astype(np.int64)
+    is_ref = _reference_mask(g, reference)
+    key = ["lane", "label", "kind", "occ"]
+    ref_mean = df[is_ref].groupby(key)["dur"].mean().rename("typ")
+    typ = df[key].merge(ref_mean, left_on=key, right_index=True, how="left")["typ"].to_numpy()
+    typ = np.rint(np.where(np.isnan(typ), g.dur, typ)).astype(np.int64)
     out = np.where(np.isin(g.kind, [OP, KERNEL]), typ, g.dur)
     # a host gap may hide a wait the graph could not see (a thread descheduled while its own gloo
     # runloop thread reduces, a wait with no traced call): idealising never lengthens a gap
@@ -120,30 +133,49 @@ def typical_durations(g: Graph) -> np.ndarray:
         d = pd.DataFrame({"inst": g.inst[pi], "rank": g.rank[pi], "dur": g.dur[pi]})
         member = d.groupby(["inst", "rank"], sort=False)["dur"].transform("sum")   # a member's POST may be split
         share = np.where(member > 0, d["dur"] / member.where(member > 0, 1), 0.0)
-        med = d.assign(member=member).drop_duplicates(["inst", "rank"]).groupby("inst")["member"].median()
+        members = d.assign(member=member, ref=is_ref[pi]).drop_duplicates(["inst", "rank"])
+        med = members[members["ref"]].groupby("inst")["member"].median()
         # never longer than the member's own (gloo's members finish at different times by design)
-        typ_member = np.minimum(med.reindex(d["inst"]).to_numpy(), member.to_numpy())
+        typ_member = np.fmin(med.reindex(d["inst"]).to_numpy(), member.to_numpy())
         out[pi] = np.rint(share * typ_member).astype(np.int64)
     return out
 
 
+def _reference_mask(g: Graph, reference) -> np.ndarray:
+    """Per node: does its rank belong to the reference ranks (all ranks when None)?"""
+    if reference is None:
+        return g.rank >= 0
+    ref = np.asarray(reference, dtype=bool)
+    return (g.rank >= 0) & ref[np.clip(g.rank, 0, len(ref) - 1)]
+
+
 def apply_plan(g: Graph, plan: dict, typical: np.ndarray | None = None) -> np.ndarray:
-    """The durations after the plan's actions."""
+    """The durations after the plan's actions. ``typical``: precomputed all-rank typical
+    durations (used by ``idealize`` actions whose reference is "all")."""
     dur = g.dur.copy()
     compute = np.isin(g.kind, [OP, GAP, KERNEL])
     comm = g.kind == POST
     for a in plan["actions"]:
         m = _rank_mask(g, a.get("ranks", "all")) & _name_mask(g, a.get("ops"))
         if a["action"] == "idealize":
-            if typical is None:
-                typical = typical_durations(g)
+            ranks = a.get("ranks", "all")
+            n_ranks = int(g.rank.max()) + 1
+            subset = ranks != "all" and 0 < len(set(ranks) & set(range(n_ranks))) < len(np.unique(g.rank[g.rank >= 0]))
+            if a.get("reference", "others" if subset else "all") == "others" and subset:
+                ref = np.ones(n_ranks, bool)
+                ref[[r for r in ranks if 0 <= r < n_ranks]] = False
+                typ = typical_durations(g, reference=ref)
+            else:
+                if typical is None:
+                    typical = typical_durations(g)
+                typ = typical
             sel = np.zeros(g.n, bool)
             if a.get("compute", True):
                 sel |= compute
             if a.get("comm", True):
                 sel |= comm
             m &= sel
-            dur[m] = typical[m]
+            dur[m] = typ[m]
         elif a["action"] == "scale":
             m &= compute
             if a.get("categories"):
