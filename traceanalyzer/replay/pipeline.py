@@ -148,7 +148,13 @@ class StageCosts:
     actions: pd.DataFrame        # rank, step, stage, kind (F/B), mb, start_ns, end_ns, cost_ns
     steps: pd.DataFrame          # rank, step, start_ns, end_ns, measured_ns, pre_ns, post_ns, overhead_ns, own_ns
     p2p_ns: dict                 # {"F": activations, "B": gradients}: ns from producer end to consumer start
-    p2p_samples: dict = field(default_factory=dict)
+    p2p_samples: dict = field(default_factory=dict)   # kind -> [(step, ns)]
+
+    def p2p_step_ns(self, step, kind: str) -> int:
+        """The p2p cost used for one step: the mean of that step's samples (a slow step's slow
+        transfers stay in it), else the run's median."""
+        v = [x for s, x in self.p2p_samples.get(kind, ()) if s == step]
+        return int(np.mean(v)) if v else int(self.p2p_ns[kind])
 
     def per_stage(self) -> pd.DataFrame:
         """Median per stage over steps and micro-batches: forward_ns, backward_ns; and the rank."""
@@ -187,7 +193,7 @@ def stage_costs(store_or_con, run: str | None = None) -> StageCosts:
     st = con.execute("SELECT rank, step, start_ts_ns, end_ts_ns, dur_ns FROM steps WHERE run = $run ORDER BY rank, step",
                      {"run": run}).df()
     # when each p2p op of a rank was in flight (posted, not complete): idle time then is waiting
-    pend = con.execute("""SELECT rank, enqueue_ts_ns AS lo, greatest(coalesce(end_ts_ns, 0), enqueue_ts_ns + enqueue_dur_ns) AS hi
+    pend = con.execute("""SELECT rank, op, enqueue_ts_ns AS lo, greatest(coalesce(end_ts_ns, 0), enqueue_ts_ns + enqueue_dur_ns) AS hi
                           FROM comms WHERE run = $run AND is_p2p AND enqueue_ts_ns IS NOT NULL""", {"run": run}).df()
     off = dict(con.execute("SELECT rank, offset_ns FROM clock_offsets WHERE run = $run", {"run": run}).fetchall())
     for df, cols in ((ev, ["ts_ns"]), (st, ["start_ts_ns", "end_ts_ns"]), (pend, ["lo", "hi"])):
@@ -201,6 +207,8 @@ def stage_costs(store_or_con, run: str | None = None) -> StageCosts:
             tops[(rank, step)] = (g[g["name"].str.match(_ACTION_RE.pattern)],
                                   _top_level(g[~g["name"].str.match(_SCHEDULE_ANN_RE)]))
     pending = {r: _merge(g["lo"].to_numpy(np.int64), g["hi"].to_numpy(np.int64)) for r, g in pend.groupby("rank")}
+    recv_end = {r: np.sort(g.loc[g["op"] == "recv", "hi"].to_numpy(np.int64)) for r, g in pend.groupby("rank")}
+    empty = (np.zeros(0, np.int64), np.zeros(0, np.int64))
     actions, steps = [], []
     for (rank, step), (ann, ops) in tops.items():
         srow = st[(st["rank"] == rank) & (st["step"] == step)]
@@ -208,16 +216,16 @@ def stage_costs(store_or_con, run: str | None = None) -> StageCosts:
             continue
         s0, s1 = int(srow["start_ts_ns"].iloc[0]), int(srow["end_ts_ns"].iloc[0])
         pos = ranks.index(rank)
-        if schedule == "interleaved1f1b" and len(ann):
-            acts = _from_annotations(ops, ann)
+        annotated = schedule == "interleaved1f1b" and len(ann)
+        if annotated:
+            acts = _from_annotations(ops, ann, recv_end.get(rank, np.zeros(0, np.int64)))
         else:
             nxt = tops.get((ranks[1], step)) if p > 1 else None
             n_pre = _common_prefix(ops["name"].tolist(), _pre_names(nxt[1])) if (pos == 0 and nxt) else 0
             acts = _from_order(ops, expected[pos], is_first=pos == 0, n_pre=n_pre, run=run, rank=rank, step=step)
         acts = acts.sort_values("start_ns").reset_index(drop=True)
-        empty = (np.zeros(0, np.int64), np.zeros(0, np.int64))
         waits = _subtract(pending.get(rank, empty), _merge(ops["ts_ns"].to_numpy(np.int64), ops["te_ns"].to_numpy(np.int64)))
-        pre, post, ovh = _host_work(acts, s0, s1, waits)
+        pre, post, ovh = _host_work(acts, s0, s1, waits, between_waits=not annotated)
         acts["rank"], acts["step"] = rank, step
         actions.append(acts)
         steps.append((rank, step, s0, s1, s1 - s0, pre, post, ovh))
@@ -251,9 +259,11 @@ def _top_level(g: pd.DataFrame) -> pd.DataFrame:
     return top.reset_index(drop=True)
 
 
-def _from_annotations(ops: pd.DataFrame, ann: pd.DataFrame) -> pd.DataFrame:
-    """Interleaved1F1B: each PP:<stage><F|B><mb> range is one action; its compute runs from the first
-    to the last non-p2p operator inside it (the wait for its recv at the start is left out)."""
+def _from_annotations(ops: pd.DataFrame, ann: pd.DataFrame, recv_end: np.ndarray) -> pd.DataFrame:
+    """Interleaved1F1B: each PP:<stage><F|B><mb> range is one action. Its receive was posted ahead
+    (a RECV action), and the range opens by waiting for it: the action starts when the last receive
+    that completes inside the range before its first operator is done (else at the range start)
+    and ends with its last operator."""
     rows = []
     work = ops[ops["cls"] != "P"]
     ts, te = work["ts_ns"].to_numpy(), work["te_ns"].to_numpy()
@@ -261,7 +271,10 @@ def _from_annotations(ops: pd.DataFrame, ann: pd.DataFrame) -> pd.DataFrame:
         mt = _ACTION_RE.match(a.name)
         inside = (ts >= a.ts_ns) & (te <= a.ts_ns + a.dur_ns)
         if inside.any():
-            rows.append((int(mt.group(1)), mt.group(2), int(mt.group(3)), int(ts[inside].min()), int(te[inside].max())))
+            first = int(ts[inside].min())
+            k = np.searchsorted(recv_end, first, side="right") - 1
+            start = max(int(a.ts_ns), int(recv_end[k])) if k >= 0 and recv_end[k] > a.ts_ns else int(a.ts_ns)
+            rows.append((int(mt.group(1)), mt.group(2), int(mt.group(3)), min(start, first), int(te[inside].max())))
     return pd.DataFrame(rows, columns=["stage", "kind", "mb", "start_ns", "end_ns"])
 
 
@@ -343,15 +356,16 @@ def _from_order(ops, expected, is_first, n_pre, run, rank, step) -> pd.DataFrame
     return out
 
 
-def _host_work(acts, s0, s1, waits):
+def _host_work(acts, s0, s1, waits, between_waits=True):
     """Own host work of a step outside the actions: before the first (pre), after the last (post),
     and the mean between two actions. Own = elapsed minus waiting, where waiting is idle time while
     one of the rank's p2p ops was in flight; idle time with nothing in flight (the host descheduled,
-    Python between ops) is the rank's own."""
+    Python between ops) is the rank's own. Interleaved1F1B waits only inside its actions (for the
+    receive) and at the end (sends): its time between actions is all its own (between_waits=False)."""
     a0, a1 = int(acts["start_ns"].iloc[0]), int(acts["end_ns"].iloc[-1])
     pre = (a0 - s0) - _measure(waits, s0, a0)
     post = (s1 - a1) - _measure(waits, a1, s1)
-    gaps = [max(0, s - e) - _measure(waits, e, s) for e, s in
+    gaps = [max(0, s - e) - (_measure(waits, e, s) if between_waits else 0) for e, s in
             zip(acts["end_ns"].to_numpy()[:-1], acts["start_ns"].to_numpy()[1:])]
     return int(pre), int(post), int(np.mean(gaps)) if gaps else 0
 
@@ -411,8 +425,8 @@ def _p2p_costs(acts, ranks, n_stages, steps):
             src = row.stage - 1 if row.kind == "F" else row.stage + 1
             key = (step, src, row.kind, row.mb)
             if 0 <= src < n_stages and key in a.index:
-                samples[row.kind].append(max(0, int(row.start_ns - max(a[key], ready))))
-    med = {k: int(np.median(v)) if v else 0 for k, v in samples.items()}
+                samples[row.kind].append((step, max(0, int(row.start_ns - max(a[key], ready)))))
+    med = {k: int(np.median([x for _, x in v])) if v else 0 for k, v in samples.items()}
     return med, samples
 
 
@@ -534,7 +548,7 @@ def simulate_schedule(c: StageCosts, order: dict, steps: list, schedule: str) ->
     end, ready_at = {}, {}
     step_start, step_end, own = {}, {}, {}
     timeline = []
-    lat = c.p2p_ns
+    lat = {(label, k): c.p2p_step_ns(st, k) for label, st in plan for k in ("F", "B")}
 
     def consumer(label, k, s, mb):
         return (label, s + 1, "F", mb) if k == "F" else (label, s - 1, "B", mb)
@@ -545,9 +559,9 @@ def simulate_schedule(c: StageCosts, order: dict, steps: list, schedule: str) ->
         if prod not in end:
             return None
         if early_recv:
-            return end[prod] + lat[k]
+            return end[prod] + lat[(label, k)]
         r = ready_at.get(consumer(label, k, s, mb))
-        return None if r is None else max(end[prod], r) + lat[k]
+        return None if r is None else max(end[prod], r) + lat[(label, k)]
 
     total = sum(len(v) for v in items.values())
     done = 0
