@@ -196,6 +196,7 @@ def test_interleaved_what_if(con, costs):
     ({"run": "nope"}, "run 'nope' has no steps"),
     ({"run": "pp_1f1b_2rank_m4", "schedule": "zb"}, "unknown schedule 'zb'"),
     ({"run": "pp_1f1b_2rank_m4", "microbatches": 1}, "1f1b needs at least as many micro-batches as stages"),
+    ({"run": "pp_1f1b_2rank_m4", "microbatches": 0}, "micro-batches and stages per rank >= 1"),
     ({"run": "pp_1f1b_2rank_m4", "schedule": "interleaved1f1b", "stages_per_rank": 2}, "re-partitioning"),
 ])
 def test_bad_input_one_line(con, kwargs, msg):

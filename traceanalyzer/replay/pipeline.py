@@ -10,10 +10,17 @@ micro-batches) from the per-micro-batch stage costs measured in a run, and simul
 Why a model of its own and not ``replay.graph``: the recorded graph keeps the recorded actions and
 their dependencies; a new schedule or micro-batch count needs actions that never ran. So each rank
 becomes an ordered list of actions, F(stage, mb) and B(stage, mb), in the order torch's schedules run
-them (``schedule_order``), and a deterministic simulation starts an action when its rank is done with
-the previous one (plus the host's own work between actions) and its input has arrived:
+them (``schedule_order``), and a deterministic simulation (``simulate_schedule``) starts an action
+when its rank is ready (previous action done, plus the host's own work between actions), its input
+has arrived and the sends the schedule waits for there are complete (``send_waits``):
 
-    F(s, mb) after F(s-1, mb) + p2p_F,   B(s, mb) after B(s+1, mb) + p2p_B,   B(last, mb) after F(last, mb)
+    F(s, mb) needs the activations of F(s-1, mb), B(s, mb) the gradients of B(s+1, mb),
+    B(last, mb) follows F(last, mb) (the loss) on the same rank;
+    a message arrives at max(producer end, consumer ready) + p2p cost
+
+(gloo moves a message when both the send and the receive are posted, and a send completes when the
+peer has it: the "max" is why GPipe's and 1F1B's stages wait longer than a free-p2p model says;
+Interleaved1F1B posts its receives ahead, so there: producer end + p2p cost).
 
 What is measured (``stage_costs``), per rank and step, on the thread that records ProfilerStep:
 * actions: the compute of one micro-batch on one stage, from its first to its last operator (the
@@ -21,20 +28,26 @@ What is measured (``stage_costs``), per rank and step, on the thread that record
   compute alone, so the thread's top-level operators are cut at the p2p ops (``c10d::send`` /
   ``c10d::recv_``) and at the switches between autograd (``autograd::engine::evaluate_function:``:
   backward) and the rest (forward); the expected order of the schedule says which stretch is which
-  micro-batch. Interleaved1F1B annotates each action (``PP:<stage>F<mb>``, ``PP:<stage>B<mb>``).
-* host work between actions (posting p2p, small ops; the waits are not in it): the median per step,
-  ``overhead_ns``; the step's own work before the first action (data, zero_grad, splitting the batch:
-  ``pre_ns``) and after the last (gradient scaling, optimizer: ``post_ns``). On the first stage the
-  first forward is not separated from the pre-step work by any op: it is given the median forward of
-  that step and the rest is ``pre_ns``.
-* p2p cost per direction: for every action whose input came from a neighbour that finished after the
-  consumer was ready, start(consumer) - end(producer); the median over the run.
+  micro-batch (the last stage's forward holds its loss). Interleaved1F1B annotates each action
+  (``PP:<stage>F<mb>``, ``PP:<stage>B<mb>``); its range opens with the wait for the receive.
+* the host's own work between actions (posting p2p, small ops, and idle time while no p2p op of the
+  rank was in flight: the host descheduled, Python), mean per step: ``overhead_ns``; the step's own
+  work before the first action (data, zero_grad, splitting the batch: ``pre_ns``) and after the last
+  (gradient scaling, optimizer: ``post_ns``). Idle time while a p2p op was in flight is waiting.
+  On the first stage no op separates the pre-step work from the first forward: the forward starts
+  after the operators the next stage runs before its first receive (every rank runs the same loop;
+  without them it gets the median of the step's other forwards).
+* p2p cost per direction: start(consumer) - max(end(producer), consumer ready) over the actions
+  with an input from a neighbour; the simulation uses each step's mean (a slow step's slow
+  transfers stay in it), ``p2p_ns`` is the run's median.
 
 Identity (``identity_ns``) is this model run with the recorded schedule and micro-batch count, the
 same code path and cost rules as the prediction, so its error is a real model error. A what-if with
 more micro-batches than recorded gives the new ones each stage's median forward/backward of the step.
 Steps run back to back as in the recorded loop, after one warm-up step (the first step's costs)
-started at each rank's recorded start of the first step.
+started at each rank's recorded start of the first step. Not modelled: ranks sharing a core (the
+4-rank traces on 2 cores: one rank's compute delays the other's), a different micro-batch size,
+re-partitioning the layers into another number of stages per rank.
 """
 from __future__ import annotations
 
@@ -52,9 +65,6 @@ _BACKWARD_PREFIX = "autograd::engine::evaluate_function"
 _SCHEDULE_ANN_RE = r"^(Forward \d+|Backward \d+|PP:.*)$"
 _EXEC_SPAN_RE = r"^(gloo|nccl|ucc|mpi):"      # backend spans: the op in flight, not host work
 _ACTION_RE = re.compile(r"^PP:(\d+)([FB])(\d+)$")
-#: A consumer counts as having waited for its input when the producer ended at least this much after
-#: the consumer's own previous work was done (the p2p cost is measured on those actions only).
-P2P_WAIT_MIN_NS = 20_000
 
 
 # -- schedules ------------------------------------------------------------------------------------
@@ -167,7 +177,11 @@ class StageCosts:
 def stage_costs(store_or_con, run: str | None = None) -> StageCosts:
     """Measure a pipeline run's per-micro-batch stage costs (see the module docstring)."""
     from ..analyses import _connect, prepare
-    con = prepare(_connect(store_or_con))
+    con = _connect(store_or_con)
+    # the analyses' views (pipeline_shape, pipeline_stages, clock_offsets): loading them costs ~2 s,
+    # so a connection that has them (prepared by an earlier call or by the analyses) keeps them
+    if not con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name IN ('pipeline_stages', 'clock_offsets')").fetchone()[0] == 2:
+        prepare(con)
     runs = [r for (r,) in con.execute("SELECT DISTINCT run FROM steps ORDER BY run").fetchall()]
     if run is None:
         if len(runs) != 1:
@@ -623,12 +637,15 @@ def predict(store_or_con, run: str | None = None, schedule: str | None = None, m
     size), beside the identity (the recorded plan through the same model) and the measurement."""
     c = costs if costs is not None else stage_costs(store_or_con, run)
     sched = schedule or c.schedule
-    m = int(microbatches or c.microbatches)
-    v = int(stages_per_rank or (c.stages_per_rank if sched == c.schedule else 1))
+    m = int(c.microbatches if microbatches is None else microbatches)
+    v = int(stages_per_rank if stages_per_rank is not None else (c.stages_per_rank if sched == c.schedule else 1))
     if v != c.stages_per_rank:
         raise TraceAnalyzerError(f"pipeline what-if: run '{c.run}' has {c.stages_per_rank} stage(s) per rank; "
                                  f"re-partitioning the model into {v} is not modelled")
-    steps = sorted(set(c.steps["step"]))
+    per_step = c.steps.groupby("step")["rank"].nunique()
+    steps = sorted(per_step.index[per_step == c.n_ranks])    # steps every pipeline rank recorded
+    if not steps:
+        raise TraceAnalyzerError(f"pipeline what-if: run '{c.run}' has no step recorded on all {c.n_ranks} pipeline ranks")
     rec = schedule_order(c.schedule, c.n_ranks, c.microbatches, c.stages_per_rank)
     new = schedule_order(sched, c.n_ranks, m, v)
     ident, _ = simulate_schedule(c, rec, steps, c.schedule)
