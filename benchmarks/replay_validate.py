@@ -47,6 +47,7 @@ sys.path.insert(0, str(ROOT))
 
 STEPS = ["--steps", "9", "--prof-active", "6"]
 BIG_DDP = ["--width", "1024", "--depth", "6"]
+PP = ["--microbatch-rows", "128", "--layers-per-stage", "4"]   # a few ms of compute per micro-batch
 
 SCENARIOS = {
     "slow_rank": dict(
@@ -56,13 +57,13 @@ SCENARIOS = {
         predict=("graph", {"actions": [{"action": "idealize", "ranks": [1]}]})),
     "microbatches": dict(
         what="1F1B m=4 -> predict m=8 (same micro-batch size), vs a real m=8 run",
-        a=["pipeline", "--schedule", "1f1b", "--microbatches", "4", *STEPS],
-        b=["pipeline", "--schedule", "1f1b", "--microbatches", "8", *STEPS],
+        a=["pipeline", "--schedule", "1f1b", "--microbatches", "4", *PP, *STEPS],
+        b=["pipeline", "--schedule", "1f1b", "--microbatches", "8", *PP, *STEPS],
         predict=("pipeline", {"microbatches": 8})),
     "schedule": dict(
         what="GPipe m=4 -> predict 1F1B, vs a real 1F1B run",
-        a=["pipeline", "--schedule", "gpipe", "--microbatches", "4", *STEPS],
-        b=["pipeline", "--schedule", "1f1b", "--microbatches", "4", *STEPS],
+        a=["pipeline", "--schedule", "gpipe", "--microbatches", "4", *PP, *STEPS],
+        b=["pipeline", "--schedule", "1f1b", "--microbatches", "4", *PP, *STEPS],
         predict=("pipeline", {"schedule": "1f1b"})),
     "bucket": dict(
         what="DDP 25 MB buckets -> predict 4 MB, vs a real 4 MB run",
