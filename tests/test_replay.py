@@ -135,3 +135,24 @@ def test_bad_plan_one_line_error(store, tmp_path, run_cli, text):
     code, stdout, err = run_cli("replay", store, "--run", "ddp_gloo_4rank", "--plan", plan)
     assert code == 2
     assert err.startswith("traceanalyzer: error: ") and err.count("\n") == 1, err
+
+
+def test_gpu_changes_reach_the_step_dlrm(graphs):
+    """DLRM (8 ranks, NCCL): ~1.1 ms of kernels and ~0.2 ms of NCCL kernels per rank in a ~20 ms
+    CPU-bound step. Slowing the GPU a little changes little; once the GPU work exceeds the CPU's the
+    step follows it (the step ends when the GPU work it launched ends, and syncs/stream waits link
+    the streams to the host)."""
+    from traceanalyzer import replay
+    if "dlrm" not in graphs:
+        pytest.skip("external DLRM trace not found")
+    g = graphs["dlrm"]
+
+    def job(plan):
+        return replay.what_if(g, {"actions": [plan]}).job_step_ns() / 1e6
+
+    base = job({"action": "scale", "ops": "no-such-op", "factor": 1})
+    k2, k40 = (job({"action": "scale", "categories": ["compute_kernel"], "factor": f}) for f in (2, 40))
+    assert base <= k2 < base * 1.1            # 2x of 1 ms of kernels: hidden behind the CPU
+    assert k40 > base + 20, (base, k40)       # 40x: ~44 ms of kernels, the GPU now sets the step
+    c100 = job({"action": "scale_comm", "factor": 100})
+    assert c100 > base + 5, (base, c100)      # NCCL kernels ~20 ms: the stream waits bring them in

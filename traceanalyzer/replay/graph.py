@@ -387,6 +387,10 @@ class _Builder:
         key = nd[["rank", "event_id"]].copy()
         key["node"] = np.arange(n)
         gpu_first = key[(nd["kind"].isin([KERNEL, ARRIVE])) & (nd["event_id"] >= 0)].drop_duplicates(["rank", "event_id"])
+        # a GPU op's last node (a collective kernel is ARRIVE then POST): what a wait on it waits for
+        gpu_last = key[(nd["kind"].isin([KERNEL, ARRIVE, POST])) & (nd["event_id"] >= 0)].drop_duplicates(
+            ["rank", "event_id"], keep="last").rename(columns={"node": "last_node"})
+        gpu_first = gpu_first.merge(gpu_last, on=["rank", "event_id"], how="left")
         L = self.launch.merge(gpu_first, left_on=["rank", "event_id_gpu"], right_on=["rank", "event_id"])
         s = self._by_point(L, "rank", "tid", "te", ending=True)
         ok = s >= 0
@@ -458,7 +462,7 @@ class _Builder:
             l = L.iloc[by_thread[(rank, tid)]].sort_values("ts")
             if l.empty:
                 continue
-            lts, lnode = l["ts"].to_numpy(), l["node"].to_numpy()
+            lts, lnode, llast = l["ts"].to_numpy(), l["node"].to_numpy(), l["last_node"].to_numpy()
             for t in g["ts"].to_numpy():
                 k = np.searchsorted(lts, t)
                 if k >= len(lts):
@@ -468,7 +472,7 @@ class _Builder:
                 while j >= 0 and lanes[lnode[j]] == lanes[nxt]:
                     j -= 1
                 if j >= 0:
-                    src.append(np.array([lnode[j]])); dst.append(np.array([nxt]))
+                    src.append(np.array([llast[j]])); dst.append(np.array([nxt]))
 
     # -- fitting lags, order, steps ------------------------------------------------------------
     def _finish(self) -> Graph:
@@ -512,7 +516,9 @@ class _Builder:
         labels, label = _codes(nd["label"].astype(str))
         categories, category = _codes(pd.Series(np.where(np.isin(kind, [WAIT]), "wait", nd["category"].astype(str))))
         lanes = pd.DataFrame(self.lane_rows, columns=["lane", "rank", "tid", "is_gpu", "type"])
+        self.lanes_gpu = lanes.loc[lanes["type"] == "gpu", "lane"].tolist()
         steps = self._steps(ms, me)
+        steps = self._gpu_tails(steps, ms, me, kind, nd["lane"].to_numpy(), nd["rank"].to_numpy())
         return Graph(run=self.run, ms=ms, me=me, dur=dur, lane=nd["lane"].to_numpy(np.int32),
                      rank=nd["rank"].to_numpy(np.int32), kind=kind.astype(np.int8), label=label, category=category,
                      inst=nd["inst"].to_numpy(np.int64), rel=rel, ptr=ptr, src=src, lag=lag, is_lane_edge=is_lane,
@@ -536,6 +542,36 @@ class _Builder:
             rows.append((r.rank, r.step, r.dur_ns, start_node, ks >= len(p) - 1, end_node, end_uses_end))
         return pd.DataFrame(rows, columns=["rank", "step", "measured_ns", "start_node", "start_uses_end",
                                            "end_node", "end_uses_end"])
+
+
+    def _gpu_tails(self, steps, ms, me, kind, lane, rank):
+        """GPU work of each step: the GPU nodes (kernels, GPU collectives) that start between the
+        step's recorded CPU start and the next step's. Why: the CPU leaves a step as soon as it
+        has launched the work, so a step's time is from its CPU start to the later of its CPU end
+        and the end of that GPU work (``gpu_nodes``; the measured time likewise), else a what-if
+        that slows the GPU down changes nothing in a trace of one step."""
+        gpu_lanes = set(self.lanes_gpu) if hasattr(self, "lanes_gpu") else set()
+        on_gpu = np.isin(lane, list(gpu_lanes)) & np.isin(kind, [KERNEL, POST]) if gpu_lanes else np.zeros(len(lane), bool)
+        steps["gpu_nodes"] = [np.zeros(0, np.int64)] * len(steps)
+        steps["measured_ns"] = steps["measured_ns"].astype(np.int64)
+        if not on_gpu.any() or steps.empty:
+            return steps
+        cpu = self.st.set_index(["rank", "step"])
+        for r, sub in steps.groupby("rank"):
+            idx = np.flatnonzero(on_gpu & (rank == r))
+            if not len(idx):
+                continue
+            w = cpu.loc[r].loc[sub["step"]]
+            starts = w["start_ts_ns"].to_numpy()
+            order = np.argsort(starts)
+            k = np.searchsorted(starts[order], ms[idx], side="right") - 1
+            for pos, row in enumerate(sub.index[order]):
+                nodes = idx[k == pos]
+                steps.at[row, "gpu_nodes"] = nodes
+                if len(nodes):
+                    tail = int(me[nodes].max()) - int(w["start_ts_ns"].to_numpy()[order][pos])
+                    steps.at[row, "measured_ns"] = max(int(steps.at[row, "measured_ns"]), tail)
+        return steps
 
 
 def _codes(values: pd.Series):

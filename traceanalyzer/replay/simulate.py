@@ -83,6 +83,10 @@ def step_times(graph: Graph, sched: Schedule):
     st = graph.steps.copy()
     t0 = np.where(st["start_uses_end"], sched.end[st["start_node"]], sched.start[st["start_node"]])
     t1 = np.where(st["end_uses_end"], sched.end[st["end_node"]], sched.start[st["end_node"]])
+    if "gpu_nodes" in st:   # the GPU work the step launched may end after the CPU left the step
+        tail = np.array([sched.end[n].max() if len(n) else np.iinfo(np.int64).min for n in st["gpu_nodes"]],
+                        dtype=np.int64)
+        t1 = np.maximum(t1, tail)
     st["simulated_ns"] = t1 - t0
     st["sim_start_ns"], st["sim_end_ns"] = t0, t1
     return st
