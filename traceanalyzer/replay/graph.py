@@ -580,30 +580,46 @@ def _codes(values: pd.Series):
 
 
 def _topo_order(ms, kind, src, dst, n) -> np.ndarray:
-    """A topological order: by recorded start (ties: arrivals, then SYNC, then the rest), checked,
-    with Kahn's algorithm as the fallback when an edge runs backwards in recorded time."""
+    """A topological order: by recorded start (ties: arrivals, then SYNC, then the rest).
+
+    Why a repair pass: a few edges run backwards in recorded time (a kernel that starts inside its
+    own cudaLaunchKernel, clock noise between ranks), so the recorded order alone is not always
+    topological. Each node gets a key (rank in recorded order); while some edge has key[src] >=
+    key[dst], the destination's key is raised just above its source's (vectorised, one hop per
+    pass; violations are local, so few passes). Kahn's algorithm is the fallback."""
     prio = np.select([kind == ARRIVE, kind == WAIT, kind == SYNC], [0, 1, 2], 3)
     order = np.lexsort((np.arange(n), prio, ms))
-    pos = np.empty(n, dtype=np.int64)
-    pos[order] = np.arange(n)
-    if len(src) == 0 or (pos[src] < pos[dst]).all():
+    if len(src) == 0:
         return order
-    from collections import deque
-    indeg = np.bincount(dst, minlength=n)
-    outs = pd.Series(dst).groupby(src).apply(list).to_dict()
-    # process ready nodes in recorded-time order
+    key = np.empty(n, dtype=np.float64)
+    key[order] = np.arange(n, dtype=np.float64)
+    for _ in range(200):
+        bad = key[src] >= key[dst]
+        if not bad.any():
+            return np.argsort(key, kind="stable")
+        # just above the source: between it and the next key, so the rest of the order is kept
+        np.maximum.at(key, dst[bad], key[src[bad]] + 0.5 ** 8)
+    return _kahn(key, src, dst, n)
+
+
+def _kahn(key, src, dst, n) -> np.ndarray:
     import heapq
-    heap = [(int(pos[i]), int(i)) for i in np.flatnonzero(indeg == 0)]
+    indeg = np.bincount(dst, minlength=n)
+    o = np.argsort(src, kind="stable")
+    out_ptr = np.searchsorted(src[o], np.arange(n + 1)).tolist()
+    out_dst = dst[o].tolist()
+    keyl = key.tolist()
+    deg = indeg.tolist()
+    heap = [(keyl[i], i) for i in np.flatnonzero(indeg == 0).tolist()]
     heapq.heapify(heap)
     out = []
     while heap:
         _, i = heapq.heappop(heap)
         out.append(i)
-        for j in outs.get(i, ()):
-            indeg[j] -= 1
-            if indeg[j] == 0:
-                heapq.heappush(heap, (int(pos[j]), int(j)))
+        for j in out_dst[out_ptr[i]:out_ptr[i + 1]]:
+            deg[j] -= 1
+            if deg[j] == 0:
+                heapq.heappush(heap, (keyl[j], j))
     if len(out) != n:
         raise TraceAnalyzerError(f"replay: the dependency graph has a cycle ({n - len(out)} nodes unreachable)")
-    del deque
     return np.asarray(out, dtype=np.int64)
