@@ -98,7 +98,8 @@ def _cmd_report(args) -> int:
     rules = rp.parse_fail_on(args.fail_on or [])  # bad rules fail before any work
     fmt = rp.format_for(args.output or "", args.format)
     out = args.output or f"report.{fmt}"
-    rep = rp.build_report(args.store, run=args.run, progress=lambda m: print(m, file=sys.stderr))
+    rep = rp.build_report(args.store, run=args.run, progress=lambda m: print(m, file=sys.stderr),
+                          replay=not args.no_replay)
     rp.write_report(rep, out, fmt)
     print(f"wrote {out} ({fmt}, {len(rep.runs)} run{'s' if len(rep.runs) != 1 else ''})")
     for rr in rep.runs:
@@ -224,6 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--run", help="only this run (default: every run of the store)")
     s.add_argument("-o", "--output", help="output file (default: report.<format>)")
     s.add_argument("--format", choices=("html", "md", "json"), help="default: from the output's extension, else html")
+    s.add_argument("--no-replay", action="store_true",
+                   help="value rank findings by the analyses' estimates only (no what-if replay)")
     from .report.metrics import METRICS
     s.add_argument("--fail-on", action="extend", nargs="+", metavar="KEY>VALUE",
                    help="exit 1 with a one-line reason when a metric crosses a threshold (quote it for the shell: "

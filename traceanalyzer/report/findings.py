@@ -53,6 +53,9 @@ class Finding:
     evidence: list[str] = field(default_factory=list)
     evidence_rows: list[dict] = field(default_factory=list)   # a small table (exposed intervals, ...)
     also: list[str] = field(default_factory=list)             # kinds merged into this one
+    recoverable_source: str = "estimate"   # "replay" (a what-if's saving, see whatif.py) or "estimate" (the analyses')
+    estimate_ns_per_step: float | None = None   # the analyses' estimate, when replay replaced it
+    replay: dict | None = None             # the what-if (status, plan, ranks, saving_ns_per_step, identity_error, ...)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -70,7 +73,8 @@ def median_step_ns(data: RunData) -> float:
     return float(ph.groupby("step")["step_ns"].median().median())
 
 
-def _pct(ns: float, step_ns: float) -> float:
+def pct_of(ns: float, step_ns: float) -> float:
+    """``ns`` in % of ``step_ns`` (NaN without a step time)."""
     return float(100.0 * ns / step_ns) if step_ns and not np.isnan(step_ns) else float("nan")
 
 
@@ -137,7 +141,7 @@ def _routing(data: RunData, already: set) -> list[Finding]:
               f"ranks over {a.n_all_to_all} all_to_all ops",
               f"all_to_all transfer time {ms(transfer)} per step; balanced routing would cut it by about "
               f"1 - 1/{ratio:.2f}"]
-        out.append(Finding("imbalance", f"{_TITLES['imbalance']}: rank {a.rank} (MoE routing)", rec, _pct(rec, step_ns),
+        out.append(Finding("imbalance", f"{_TITLES['imbalance']}: rank {a.rank} (MoE routing)", rec, pct_of(rec, step_ns),
                            f"rank {a.rank} gets {ratio:.2f}x the mean all_to_all traffic (routing skew)",
                            rank=int(a.rank), evidence=ev))
     return out
@@ -202,12 +206,12 @@ def _exposed(data: RunData, step_ns: float) -> list[Finding]:
     if per.empty:
         return []
     rec = float(per["recoverable_ns"].median())
-    pct = _pct(rec, step_ns)
+    pct = pct_of(rec, step_ns)
     if not pct >= EXPOSED_COMM_MIN_PCT:
         return []
     ov = data.r("overlap")
     ev = [f"exposed communication (no compute running): {ms(per['exposed_ns'].median())} per step and rank "
-          f"({_pct(per['exposed_ns'].median(), step_ns):.1f}% of the step)",
+          f"({pct_of(per['exposed_ns'].median(), step_ns):.1f}% of the step)",
           f"of which waiting for late peers {ms(per['wait_ns'].median())} and pipeline stalls "
           f"{ms(per['stall_ns'].median())} (charged to those findings, not counted here)",
           f"compute available to hide it under: {ms(per['free_compute_ns'].median())} per step"]

@@ -11,6 +11,7 @@ from pathlib import Path
 from .build import Report, RunReport
 from .findings import ms
 from .metrics import METRICS
+from .whatif import replay_note
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|#])")
 
@@ -44,6 +45,8 @@ def _run(rr: RunReport, fig_dir: Path | None, fig_rel: str) -> list[str]:
                   [[int(r.rank), int(r.steps), ms(r.median_ns), ms(r.min_ns), ms(r.max_ns), ms(r.compute_ns)]
                    for r in rr.step_times.itertuples()])
     out += ["### Findings, ranked by recoverable time per step", ""]
+    if replay_note(rr.replay):
+        out += [md(replay_note(rr.replay)), ""]
     if not rr.findings:
         out += ["No findings.", ""]
     for i, f in enumerate(rr.findings, start=1):
