@@ -358,3 +358,27 @@ def test_moe_replay_finds_no_saving_in_idealising_rank_2(moe):
     assert routing.recoverable_ns_per_step == 0.0 and routing.estimate_ns_per_step > 1e6
     assert routing.evidence[0].startswith("replay: idealising rank 2 would not shorten the step")
     assert rep.findings[0].kind == "exposed_comm"
+
+
+def test_markdown_links_resolve_to_the_figures_beside_it(built, run_cli, tmp_path):
+    """Every image link of the Markdown report points (relative, URL-quoted) at a PNG written in
+    `<stem>_figures/` beside the .md: one per figure of the report, nothing missing, nothing extra;
+    also through the CLI with --format md and a file name that needs quoting."""
+    from urllib.parse import unquote
+    rep, paths, store = built
+
+    def check(md_path: Path, n_figures: int):
+        text = md_path.read_text()
+        links = re.findall(r"!\[[^\]]*\]\(([^)]+)\)", text)
+        assert len(links) == n_figures > 0
+        files = [md_path.parent / unquote(link) for link in links]
+        assert all(not Path(unquote(link)).is_absolute() for link in links)
+        assert all(f.is_file() and f.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for f in files), links
+        assert sorted(f.name for f in files) == sorted(p.name for p in (md_path.parent / f"{md_path.stem}_figures").iterdir())
+
+    check(paths["md"], sum(len(rr.figures) for rr in rep.runs))
+    out = tmp_path / "sub dir" / "my report (1).txt"
+    code, _, err = run_cli("report", store, "--run", "pp_1f1b_4rank_slow2", "--format", "md", "-o", out, "--no-replay")
+    assert code == 0, err
+    check(out, 5)  # step heat-map, pipeline timeline, overlap bars, imbalance, top ops
+    assert "(my%20report%20%281%29_figures/pp_1f1b_4rank_slow2_pipeline_timeline.png)" in out.read_text()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from urllib.parse import quote
 
 from .build import Report, RunReport
 from .findings import ms
@@ -61,7 +62,7 @@ def _run(rr: RunReport, fig_dir: Path | None, fig_rel: str) -> list[str]:
         if fig_dir is not None:
             name = f"{_safe_name(rr.run)}_{fig.name}.png"
             (fig_dir / name).write_bytes(fig.png)
-            out += [f"![{md(fig.title)}]({fig_rel}/{name})", "", f"*{md(fig.caption)}*", ""]
+            out += [f"![{md(fig.title)}]({quote(fig_rel)}/{quote(name)})", "", f"*{md(fig.caption)}*", ""]
     kb = rr.data.r("kernel_breakdown") if rr.data is not None else None
     if kb is not None and not kb.empty:
         kb = kb[kb["category"] == "compute"]
