@@ -382,3 +382,13 @@ def test_markdown_links_resolve_to_the_figures_beside_it(built, run_cli, tmp_pat
     assert code == 0, err
     check(out, 5)  # step heat-map, pipeline timeline, overlap bars, imbalance, top ops
     assert "(my%20report%20%281%29_figures/pp_1f1b_4rank_slow2_pipeline_timeline.png)" in out.read_text()
+
+
+def test_large_runs_are_not_replayed_and_the_report_says_why(built):
+    """Above --replay-max-events the report keeps the estimates (no graph is built) and says so."""
+    rep = report.build_report(built[2], run="ddp_gloo_4rank_slow2", figures=False, replay_max_events=1000)
+    rr = rep.runs[0]
+    assert rr.data.events > 1000 and rr.replay.status == "skipped"
+    assert rr.replay.reason.startswith(f"the run has {rr.data.events:,} events, more than the 1,000 the report replays")
+    assert (rr.findings[0].rank, rr.findings[0].recoverable_source) == (2, "estimate")
+    assert "Replay not used: the run has" in report.render_markdown(rep)

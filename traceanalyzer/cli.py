@@ -99,7 +99,7 @@ def _cmd_report(args) -> int:
     fmt = rp.format_for(args.output or "", args.format)
     out = args.output or f"report.{fmt}"
     rep = rp.build_report(args.store, run=args.run, progress=lambda m: print(m, file=sys.stderr),
-                          replay=not args.no_replay)
+                          replay=not args.no_replay, replay_max_events=args.replay_max_events)
     rp.write_report(rep, out, fmt)
     print(f"wrote {out} ({fmt}, {len(rep.runs)} run{'s' if len(rep.runs) != 1 else ''})")
     for rr in rep.runs:
@@ -227,6 +227,10 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--format", choices=("html", "md", "json"), help="default: from the output's extension, else html")
     s.add_argument("--no-replay", action="store_true",
                    help="value rank findings by the analyses' estimates only (no what-if replay)")
+    from .report.whatif import REPLAY_MAX_EVENTS
+    s.add_argument("--replay-max-events", type=int, default=REPLAY_MAX_EVENTS, metavar="N",
+                   help=f"replay runs of at most N stored events (default {REPLAY_MAX_EVENTS:,}; building the "
+                        f"replay graph costs about 9 s per million events)")
     from .report.metrics import METRICS
     s.add_argument("--fail-on", action="extend", nargs="+", metavar="KEY>VALUE",
                    help="exit 1 with a one-line reason when a metric crosses a threshold (quote it for the shell: "

@@ -18,7 +18,7 @@ from .findings import Finding, negatives, rank_findings
 from .load import RunData, load_run, open_runs
 from .metrics import run_metrics
 from .shape import job_shape, step_times
-from .whatif import RunReplay, apply_replay
+from .whatif import REPLAY_MAX_EVENTS, RunReplay, apply_replay
 
 #: Version of the report's JSON document; bump when a key changes meaning.
 REPORT_VERSION = "1.1"   # 1.1: replay what-ifs (findings[].replay, recoverable_source, runs[].replay)
@@ -46,11 +46,12 @@ class Report:
     versions: dict
 
 
-def build_run(data: RunData, figures: bool = True, store=None, replay: bool = True) -> RunReport:
+def build_run(data: RunData, figures: bool = True, store=None, replay: bool = True,
+              replay_max_events: int = REPLAY_MAX_EVENTS) -> RunReport:
     """One run's report; with ``replay`` (and the ``store``), rank findings are re-ranked by their
     what-if replay (whatif.py), falling back to the analyses' estimates if replay fails."""
     findings = rank_findings(data)
-    rp = apply_replay(store, data, findings) if replay and store is not None else RunReplay("off", "replay not asked for")
+    rp = apply_replay(store, data, findings, replay_max_events) if replay and store is not None else RunReplay("off", "replay not asked for")
     figs, errors = all_figures(data) if figures else ([], [])
     return RunReport(run=data.run, shape=job_shape(data), step_times=step_times(data), findings=findings,
                      negatives=negatives(data, findings), metrics=run_metrics(data, findings),
@@ -58,7 +59,7 @@ def build_run(data: RunData, figures: bool = True, store=None, replay: bool = Tr
 
 
 def build_report(store: str | os.PathLike, run: str | None = None, figures: bool = True, progress=None,
-                 replay: bool = True) -> Report:
+                 replay: bool = True, replay_max_events: int = REPLAY_MAX_EVENTS) -> Report:
     """The report of ``run`` (default: every run of the store) from the results ``analyze`` saved;
     runs whose results are missing are analysed (and saved) first."""
     con, runs = open_runs(store, run, progress)
@@ -66,7 +67,8 @@ def build_report(store: str | os.PathLike, run: str | None = None, figures: bool
         datas = [load_run(con, store, r, with_intervals=figures) for r in runs]
     finally:
         con.close()  # replay opens the store itself
-    reports = [build_run(d, figures=figures, store=store, replay=replay) for d in datas]
+    reports = [build_run(d, figures=figures, store=store, replay=replay, replay_max_events=replay_max_events)
+               for d in datas]
     return Report(store=str(store), runs=reports,
                   created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   versions={"traceanalyzer": __version__, "store_schema_version": S.SCHEMA_VERSION,

@@ -23,8 +23,18 @@ from .findings import Finding, median_step_ns, ms, pct_of
 from .load import RunData
 
 #: At most this many rank findings (largest estimate first) are replayed; the others keep their
-#: estimate. One what-if costs one replay of the whole graph (about a second at 128 ranks).
-REPLAY_MAX_FINDINGS = 5
+#: estimate. One what-if costs one replay of the whole graph (~10 s for 13 M events on 2 cores).
+REPLAY_MAX_FINDINGS = 3
+
+#: Findings whose estimate is below this % of the median step are not replayed (nothing worth a
+#: what-if; a 128-rank DLRM job flags 16 ranks that each cost 0.07 % of a step).
+REPLAY_MIN_PCT = 1.0
+
+#: Runs with more stored events than this are not replayed by the report: building the graph
+#: costs about 9 us per event on 2 cores (118 s for 13 M events), over the report's 30 s budget.
+#: ``traceanalyzer report --replay-max-events N`` raises it; the estimates are kept and the
+#: report says why.
+REPLAY_MAX_EVENTS = 1_000_000
 
 #: Finding kinds a what-if applies to (the ones that name a rank).
 REPLAY_KINDS = ("straggler", "imbalance", "slow_stage")
@@ -33,7 +43,7 @@ REPLAY_KINDS = ("straggler", "imbalance", "slow_stage")
 @dataclass
 class RunReplay:
     """The replay side of one run's report."""
-    status: str                         # "ok", "failed" (graph or what-if error), "off" (not asked for), "none" (no rank finding)
+    status: str                         # ok, failed (graph or what-if error), skipped (run too large), off (not asked for), none (nothing to replay)
     reason: str = ""                    # why it failed / was not run
     identity_error: dict = field(default_factory=dict)   # median, p90 (fractions) of |identity - measured| / measured
     build_s: float = 0.0                # seconds to build the graph
@@ -58,13 +68,26 @@ def _target_ranks(f: Finding, data: RunData) -> list[int]:
     return [int(f.rank)]
 
 
-def apply_replay(store, data: RunData, findings: list[Finding]) -> RunReplay:
+def apply_replay(store, data: RunData, findings: list[Finding], max_events: int = REPLAY_MAX_EVENTS) -> RunReplay:
     """Replay the what-if of each rank finding (in place: ``Finding.replay``, and the recoverable
     time becomes the replay's saving), re-rank ``findings``, and return the run's replay status."""
     targets = sorted([f for f in findings if f.kind in REPLAY_KINDS and f.rank is not None],
                      key=lambda f: -f.recoverable_ns_per_step)
     if not targets:
         return RunReplay("none", "no straggler, imbalance or slow-stage finding to replay")
+    small = [f for f in targets if not f.recoverable_pct >= REPLAY_MIN_PCT]
+    for f in small:
+        f.replay = {"status": "skipped", "reason": f"its estimate is below {REPLAY_MIN_PCT:g}% of the step"}
+    targets = [f for f in targets if f not in small]
+    if not targets:
+        return RunReplay("none", f"no rank finding worth {REPLAY_MIN_PCT:g}% of the step to replay")
+    if data.events > max_events:
+        out = RunReplay("skipped", f"the run has {data.events:,} events, more than the {max_events:,} the report "
+                                   f"replays (traceanalyzer report --replay-max-events); recoverable times are the "
+                                   f"analyses' estimates")
+        for f in targets:
+            f.replay = {"status": "skipped", "reason": out.reason}
+        return out
     from .. import replay
     t0 = time.perf_counter()
     try:
@@ -130,6 +153,6 @@ def replay_note(rp: RunReplay) -> str:
         err = rp.identity_error
         return (f"Recoverable times of rank findings are replay what-ifs ({rp.what_ifs} replayed; identity-replay "
                 f"error median {100 * err.get('median', float('nan')):.1f} %, p90 {100 * err.get('p90', float('nan')):.1f} %).")
-    if rp.status == "failed":
+    if rp.status in ("failed", "skipped"):
         return f"Replay not used: {rp.reason}."
     return ""
