@@ -143,7 +143,7 @@ def replay_sentence(f: Finding) -> str:
         head = f"replay: idealising {who} would cut the step by {ms(s)} ({r['saving_pct']:.1f} %)"
     else:
         head = f"replay: idealising {who} would not shorten the step ({ms(-s)} longer, {-r['saving_pct']:.1f} %)"
-    return (head + f": {ms(r['identity_step_ns'])} -> {ms(r['predicted_step_ns'])}" + err_txt
+    return (head + f": {ms(r['identity_step_ns'])} → {ms(r['predicted_step_ns'])}" + err_txt
             + (f"; the analyses' estimate was {ms(f.estimate_ns_per_step)}" if f.estimate_ns_per_step is not None else ""))
 
 
