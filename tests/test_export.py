@@ -102,3 +102,87 @@ def test_cli_export_needs_a_rank(store, run_cli, tmp_path):
     assert code == 2 and "--rank" in err
     code, _, err = run_cli("export", store, "--rank", "0", "-o", tmp_path / "x.json")
     assert code == 2 and "--run" in err
+
+
+# -- flow arrows ---------------------------------------------------------------------------------
+
+def _flows(doc):
+    """(cat, id) -> {'s': event, 'f': event}"""
+    out = {}
+    for e in doc["traceEvents"]:
+        if e["ph"] in ("s", "f"):
+            out.setdefault((e["cat"], e["id"]), {})[e["ph"]] = e
+    return out
+
+
+def _slice_at(doc, end):
+    """The innermost complete slice of the flow end's track that contains its time."""
+    ts = Decimal(str(end["ts"]))
+    inside = [e for e in doc["traceEvents"] if e["ph"] == "X" and (e["pid"], e["tid"]) == (end["pid"], end["tid"])
+              and Decimal(str(e["ts"])) <= ts < Decimal(str(e["ts"])) + max(Decimal(str(e["dur"])), Decimal("0.001"))]
+    return min(inside, key=lambda e: Decimal(str(e["dur"])))
+
+
+def test_pipeline_export_has_send_recv_and_recorded_flows(store, pp_doc):
+    """Every send of the 4-stage 1F1B run -> its receive on the neighbouring stage: 3 steps x 8
+    micro-batches x 3 stage links x 2 (activations forward, gradients backward) = 144 arrows, each
+    from a gloo:send slice of rank r to a gloo:recv slice of rank r +- 1. The recorded forward ->
+    backward flows (Kineto 'fwdbwd') are all there too, bound to slices of their thread."""
+    from traceanalyzer.export_flows import validate_flows
+    assert validate_flows(pp_doc) == [] and validate_nesting(pp_doc) == []
+    fl = _flows(pp_doc)
+    p2p = [f for (cat, _), f in fl.items() if cat == "p2p"]
+    assert len(p2p) == 144
+    for f in p2p:
+        src, dst = _slice_at(pp_doc, f["s"]), _slice_at(pp_doc, f["f"])
+        assert (src["name"], dst["name"]) == ("gloo:send", "gloo:recv")
+        assert f["s"]["bp"] == f["f"]["bp"] == "e"
+        assert abs(f["s"]["pid"] // PID_STRIDE - f["f"]["pid"] // PID_STRIDE) == 1
+    n_stored = ta.open(store).execute("SELECT count(*) FROM flows WHERE run = $run AND ph = 's'", {"run": PP}).fetchone()[0]
+    assert sum(cat == "fwdbwd" for cat, _ in fl) == n_stored == 384
+
+
+def test_straggler_export_has_last_arriver_to_waiter_arrows(store):
+    """ddp_gloo_4rank_slow2: one arrow per (collective, waiting peer), from the last arriver's
+    gloo:all_reduce slice to the end of the peer's 'waiting for rank K' slice, K = the source's rank.
+    Rank 2 (the straggler) is the source of most of them."""
+    from traceanalyzer.export_flows import validate_flows
+    doc = export_trace(store, run="ddp_gloo_4rank_slow2")
+    assert validate_flows(doc) == [] and validate_nesting(doc) == []
+    waits = [f for (cat, _), f in _flows(doc).items() if cat == "collective wait"]
+    con = ta.open(store)
+    from traceanalyzer.analyses import prepare
+    prepare(con)
+    n = con.execute("""SELECT count(*) FROM collective_ranks r JOIN collective_instances i USING (run, pg, seq)
+                       WHERE r.run = 'ddp_gloo_4rank_slow2' AND r.wait_ns > 0 AND i.last_arriver <> r.rank""").fetchone()[0]
+    assert len(waits) == n > 0
+    sources = Counter()
+    for f in waits:
+        src, dst = _slice_at(doc, f["s"]), _slice_at(doc, f["f"])
+        k = f["s"]["pid"] // PID_STRIDE
+        sources[k] += 1
+        assert src["name"].startswith("gloo:") and dst["name"] == f"waiting for rank {k}"
+        assert f["f"]["pid"] % PID_STRIDE == OVERLAY_PID and f["f"]["pid"] // PID_STRIDE != k
+    assert sources.most_common(1)[0][0] == 2
+    plain = export_trace(store, run="ddp_gloo_4rank_slow2", overlays=False, flows=False)
+    assert not [e for e in plain["traceEvents"] if e["ph"] in ("s", "f")]
+
+
+def test_gpu_export_has_launch_to_kernel_flows(tmp_path):
+    """A real GPU trace (PARAM DLRM, rank 0, V100, NCCL): the recorded 'ac2g' flows become arrows
+    from the CUDA launch (cudaLaunchKernel, ...) to the kernel it launched, on the GPU stream;
+    the launch and the kernel carry the same correlation id."""
+    from conftest import EXTERNAL, need_external
+    from traceanalyzer.export_flows import validate_flows
+    need_external()
+    src = sorted((EXTERNAL / "param_dlrm_8rank").glob("worker0_*.json.gz"))[0]
+    ta.ingest([src], tmp_path / "store", run="dlrm", progress=False, workers=1)
+    doc = export_trace(tmp_path / "store", run="dlrm", rank=0)
+    assert validate_flows(doc) == [] and validate_nesting(doc) == []
+    ac2g = [f for (cat, _), f in _flows(doc).items() if cat == "ac2g"]
+    n_stored = ta.open(tmp_path / "store").execute("SELECT count(*) FROM flows WHERE cat = 'ac2g' AND ph = 's'").fetchone()[0]
+    assert len(ac2g) == n_stored > 100
+    for f in ac2g:
+        launch, kernel = _slice_at(doc, f["s"]), _slice_at(doc, f["f"])
+        assert launch["cat"] == "cuda_runtime" and kernel["cat"] in ("kernel", "gpu_memcpy", "gpu_memset")
+        assert launch["args"]["correlation"] == kernel["args"]["correlation"]

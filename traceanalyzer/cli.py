@@ -98,7 +98,8 @@ def _cmd_report(args) -> int:
     rules = rp.parse_fail_on(args.fail_on or [])  # bad rules fail before any work
     fmt = rp.format_for(args.output or "", args.format)
     out = args.output or f"report.{fmt}"
-    rep = rp.build_report(args.store, run=args.run, progress=lambda m: print(m, file=sys.stderr))
+    rep = rp.build_report(args.store, run=args.run, progress=lambda m: print(m, file=sys.stderr),
+                          replay=not args.no_replay, replay_max_events=args.replay_max_events)
     rp.write_report(rep, out, fmt)
     print(f"wrote {out} ({fmt}, {len(rep.runs)} run{'s' if len(rep.runs) != 1 else ''})")
     for rr in rep.runs:
@@ -124,7 +125,7 @@ def _cmd_export(args) -> int:
     if args.rank is None and not args.all_ranks:
         raise TraceAnalyzerError("export: give --rank K or --all-ranks")
     doc = export_trace(args.store, run=args.run, rank=None if args.all_ranks else args.rank,
-                       overlays=not args.no_overlays)
+                       overlays=not args.no_overlays, flows=not args.no_flows)
     write_trace(doc, args.output)
     n = sum(1 for e in doc["traceEvents"] if e.get("ph") in ("X", "i"))
     print(f"wrote {args.output}: {n} events of run '{doc['otherData']['run']}' "
@@ -234,6 +235,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--run", help="only this run (default: every run of the store)")
     s.add_argument("-o", "--output", help="output file (default: report.<format>)")
     s.add_argument("--format", choices=("html", "md", "json"), help="default: from the output's extension, else html")
+    s.add_argument("--no-replay", action="store_true",
+                   help="value rank findings by the analyses' estimates only (no what-if replay)")
+    from .report.whatif import REPLAY_MAX_EVENTS
+    s.add_argument("--replay-max-events", type=int, default=REPLAY_MAX_EVENTS, metavar="N",
+                   help=f"replay runs of at most N stored events (default {REPLAY_MAX_EVENTS:,}; building the "
+                        f"replay graph costs about 9 s per million events)")
     from .report.metrics import METRICS
     s.add_argument("--fail-on", action="extend", nargs="+", metavar="KEY>VALUE",
                    help="exit 1 with a one-line reason when a metric crosses a threshold (quote it for the shell: "
@@ -258,6 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--all-ranks", action="store_true", help="every rank of the run, one process each")
     s.add_argument("-o", "--output", required=True, help="output .json (or .json.gz)")
     s.add_argument("--no-overlays", action="store_true", help="only the original events")
+    s.add_argument("--no-flows", action="store_true", help="no flow arrows (recorded flows, send -> recv, "
+                                                          "last arriver -> waiters)")
     s.set_defaults(func=_cmd_export)
 
     s = sub.add_parser("replay", help="what-if: replay the run's dependency graph under a plan (idealise, scale)")

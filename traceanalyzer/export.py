@@ -162,15 +162,17 @@ def _plain(v):
 # -- the trace -----------------------------------------------------------------------------------
 
 def export_trace(store: str | os.PathLike, run: str | None = None, rank: int | None = None,
-                 overlays: bool = True) -> dict:
+                 overlays: bool = True, flows: bool = True) -> dict:
     """The Chrome/Perfetto trace of ``rank`` (None: every rank) of ``run`` as a dict; ``ts``/``dur``
-    are exact :class:`~decimal.Decimal` microseconds (:func:`write_trace` writes them as text)."""
+    are exact :class:`~decimal.Decimal` microseconds (:func:`write_trace` writes them as text).
+    With ``flows``, flow arrows (export_flows.py): recorded flows, send -> recv and, with the
+    overlays, last arriver -> waiters of each collective."""
     from .store import open_store
     con = open_store(store)
     try:
         run, ranks = _resolve(con, store, run, rank)
         q = {"run": run, "ranks": ranks}
-        ev = con.execute("""SELECT rank, window_id, ph, cat, name, ts_ns AS lo_ns, ts_ns + dur_ns AS hi_ns, dur_ns,
+        ev = con.execute("""SELECT rank, window_id, event_id, ph, cat, name, ts_ns AS lo_ns, ts_ns + dur_ns AS hi_ns, dur_ns,
                                    pid, tid, is_gpu, args_json
                             FROM events WHERE run = $run AND list_contains($ranks, rank)""", q).df()
         threads = con.execute("""SELECT rank, pid, tid, any_value(is_gpu) AS is_gpu, max(name) AS name FROM threads
@@ -179,9 +181,14 @@ def export_trace(store: str | os.PathLike, run: str | None = None, rank: int | N
                                      any_value(backend) AS backend FROM ranks
                               WHERE run = $run AND list_contains($ranks, rank) GROUP BY rank""", q).df().set_index("rank")
         ov = _overlays(con, run, ranks) if overlays else pd.DataFrame(columns=["rank", "track", "name", "lo_ns", "hi_ns", "args"])
+        arrows = wait_src = None
+        if flows:
+            from . import export_flows as xf
+            arrows = pd.concat([xf.stored_flows(con, run, ranks), xf.p2p_flows(con, run, ranks)], ignore_index=True)
+            wait_src = xf.wait_sources(con, run, ranks) if overlays else None
     finally:
         con.close()
-    return _assemble(run, ranks, ev, threads, info, ov, str(store))
+    return _assemble(run, ranks, ev, threads, info, ov, str(store), arrows, wait_src)
 
 
 def _xtid(tid, lane) -> int:
@@ -191,13 +198,15 @@ def _xtid(tid, lane) -> int:
     return (tid if 0 <= tid < 2**40 else abs(tid) % 2**40) * 100 + int(lane)
 
 
-def _assemble(run, ranks, ev, threads, info, ov, store) -> dict:
+def _assemble(run, ranks, ev, threads, info, ov, store, arrows=None, wait_src=None) -> dict:
     ev = ev.copy()
     ev["dur"] = (ev["hi_ns"] - ev["lo_ns"]).astype("int64")
     los = [int(ev["lo_ns"].min())] if not ev.empty else []
     los += [int(ov["lo_ns"].min())] if not ov.empty else []
     base = (min(los) // NS_PER_S) * NS_PER_S if los else 0
     meta, out = [], []
+    slots: dict = {}   # (rank, window_id, event_id) -> (pid, tid, lo_ns, hi_ns) of each exported slice
+    waits: dict = {}   # (rank, pg, seq) -> (pid, tid, lo_ns, hi_ns) of each "waiting for a late peer" slice
     tnames = {(int(t.rank), int(t.pid), int(t.tid)): t.name for t in threads.itertuples()}
     for rank in ranks:
         host = info.loc[rank, "host"] if rank in info.index else ""
@@ -228,11 +237,18 @@ def _assemble(run, ranks, ev, threads, info, ov, store) -> dict:
                      "ts": _us(int(r.lo_ns) - base)}
                 if r.ph == "X":
                     e["dur"] = _us(int(r.dur))
+                    slots[(rank, int(r.window_id), int(r.event_id))] = (e["pid"], xtid, int(r.lo_ns), int(r.hi_ns))
                 else:
                     e["s"] = "t"
                 e["args"] = json.loads(r.args_json) if isinstance(r.args_json, str) and r.args_json else {}
                 out.append(e)
-        out += _overlay_events(rank, ov[ov["rank"] == rank], base, meta)
+        out += _overlay_events(rank, ov[ov["rank"] == rank], base, meta, waits)
+    if arrows is not None:
+        from .export_flows import flow_events, wait_flow_events
+        fl = flow_events(arrows, slots, base)
+        out += fl
+        if wait_src is not None:
+            out += wait_flow_events(wait_src, waits, slots, base, first_id=len(fl) // 2 + 1)
     doc = {"traceEvents": meta + out, "displayTimeUnit": "ms", "baseTimeNanoseconds": base,
            "otherData": {"run": run, "ranks": ranks, "store": store, "exported_by": f"traceanalyzer {__version__}",
                          "time": "ts, dur: microseconds (exact, 3 decimals) since baseTimeNanoseconds (epoch ns)"}}
@@ -242,7 +258,7 @@ def _assemble(run, ranks, ev, threads, info, ov, store) -> dict:
     return doc
 
 
-def _overlay_events(rank: int, ov: pd.DataFrame, base: int, meta: list) -> list[dict]:
+def _overlay_events(rank: int, ov: pd.DataFrame, base: int, meta: list, waits: dict | None = None) -> list[dict]:
     if ov.empty:
         return []
     xpid = rank * PID_STRIDE + OVERLAY_PID
@@ -261,6 +277,8 @@ def _overlay_events(rank: int, ov: pd.DataFrame, base: int, meta: list) -> list[
         for r, k in zip(g.itertuples(), lanes.to_numpy()):
             out.append({"ph": "X", "cat": "traceanalyzer", "name": r.name, "pid": xpid, "tid": t * 100 + int(k),
                         "ts": _us(int(r.lo_ns) - base), "dur": _us(int(r.dur)), "args": _plain(r.args)})
+            if waits is not None and track == "waiting for a late peer":
+                waits[(rank, r.args["pg"], int(r.args["seq"]))] = (xpid, t * 100 + int(k), int(r.lo_ns), int(r.hi_ns))
     return out
 
 

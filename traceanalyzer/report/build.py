@@ -18,9 +18,10 @@ from .findings import Finding, negatives, rank_findings
 from .load import RunData, load_run, open_runs
 from .metrics import run_metrics
 from .shape import job_shape, step_times
+from .whatif import REPLAY_MAX_EVENTS, RunReplay, apply_replay
 
 #: Version of the report's JSON document; bump when a key changes meaning.
-REPORT_VERSION = "1.0"
+REPORT_VERSION = "1.1"   # 1.1: replay what-ifs (findings[].replay, recoverable_source, runs[].replay)
 
 
 @dataclass
@@ -34,6 +35,7 @@ class RunReport:
     figures: list[Figure] = field(default_factory=list)
     figure_errors: list[str] = field(default_factory=list)   # figures that could not be drawn, and why
     data: RunData | None = None         # the results it was made from (tables in the HTML)
+    replay: RunReplay = field(default_factory=lambda: RunReplay("off", "replay not asked for"))
 
 
 @dataclass
@@ -44,22 +46,29 @@ class Report:
     versions: dict
 
 
-def build_run(data: RunData, figures: bool = True) -> RunReport:
+def build_run(data: RunData, figures: bool = True, store=None, replay: bool = True,
+              replay_max_events: int = REPLAY_MAX_EVENTS) -> RunReport:
+    """One run's report; with ``replay`` (and the ``store``), rank findings are re-ranked by their
+    what-if replay (whatif.py), falling back to the analyses' estimates if replay fails."""
     findings = rank_findings(data)
+    rp = apply_replay(store, data, findings, replay_max_events) if replay and store is not None else RunReplay("off", "replay not asked for")
     figs, errors = all_figures(data) if figures else ([], [])
     return RunReport(run=data.run, shape=job_shape(data), step_times=step_times(data), findings=findings,
                      negatives=negatives(data, findings), metrics=run_metrics(data, findings),
-                     figures=figs, figure_errors=errors, data=data)
+                     figures=figs, figure_errors=errors, data=data, replay=rp)
 
 
-def build_report(store: str | os.PathLike, run: str | None = None, figures: bool = True, progress=None) -> Report:
+def build_report(store: str | os.PathLike, run: str | None = None, figures: bool = True, progress=None,
+                 replay: bool = True, replay_max_events: int = REPLAY_MAX_EVENTS) -> Report:
     """The report of ``run`` (default: every run of the store) from the results ``analyze`` saved;
     runs whose results are missing are analysed (and saved) first."""
     con, runs = open_runs(store, run, progress)
     try:
-        reports = [build_run(load_run(con, store, r, with_intervals=figures), figures=figures) for r in runs]
+        datas = [load_run(con, store, r, with_intervals=figures) for r in runs]
     finally:
-        con.close()
+        con.close()  # replay opens the store itself
+    reports = [build_run(d, figures=figures, store=store, replay=replay, replay_max_events=replay_max_events)
+               for d in datas]
     return Report(store=str(store), runs=reports,
                   created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   versions={"traceanalyzer": __version__, "store_schema_version": S.SCHEMA_VERSION,

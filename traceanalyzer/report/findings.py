@@ -53,6 +53,9 @@ class Finding:
     evidence: list[str] = field(default_factory=list)
     evidence_rows: list[dict] = field(default_factory=list)   # a small table (exposed intervals, ...)
     also: list[str] = field(default_factory=list)             # kinds merged into this one
+    recoverable_source: str = "estimate"   # "replay" (a what-if's saving, see whatif.py) or "estimate" (the analyses')
+    estimate_ns_per_step: float | None = None   # the analyses' estimate, when replay replaced it
+    replay: dict | None = None             # the what-if (status, plan, ranks, saving_ns_per_step, identity_error, ...)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -70,7 +73,8 @@ def median_step_ns(data: RunData) -> float:
     return float(ph.groupby("step")["step_ns"].median().median())
 
 
-def _pct(ns: float, step_ns: float) -> float:
+def pct_of(ns: float, step_ns: float) -> float:
+    """``ns`` in % of ``step_ns`` (NaN without a step time)."""
     return float(100.0 * ns / step_ns) if step_ns and not np.isnan(step_ns) else float("nan")
 
 
@@ -115,29 +119,73 @@ def _imbalance(data: RunData) -> list[Finding]:
     return out + _routing(data, {f.rank for f in out})
 
 
+def _routing_ratio(a) -> float:
+    return max(float(a.recv_over_mean or 0), float(a.sent_over_mean or 0), 1.0)
+
+
+def routing_per_step(data: RunData) -> pd.DataFrame:
+    """MoE routing skew, per flagged rank and step: what balanced routing would save.
+
+    * ``transfer_excess_ns``: the all_to_all transfer time of the step that balanced routing would
+      save if transfer scales with the largest rank's bytes (balanced: the mean), i.e.
+      transfer x (1 - 1/ratio), ratio = the rank's bytes over the mean;
+    * ``imposed_wait_ns``: the waits for a late peer at the collectives of the step where this rank
+      arrived last, summed over its peers and divided by the number of ranks (per rank, as
+      :func:`exposed_comm_per_step` counts exposed communication): time the other ranks sat in a
+      collective because this rank was late, charged to its finding, not to exposed communication.
+    Columns: rank, step, ratio, transfer_excess_ns, imposed_wait_ns.
+    """
+    a2a, coll = data.r("all_to_all_balance"), data.r("collectives")
+    cols = ["rank", "step", "ratio", "transfer_excess_ns", "imposed_wait_ns"]
+    if a2a.empty or "is_finding" not in a2a or coll.empty:
+        return pd.DataFrame(columns=cols)
+    coll = coll[coll["step"].notna()]
+    n_ranks = max(int(data.ranks["rank"].nunique()) if not data.ranks.empty else 1, 1)
+    transfer = coll[coll["op"] == "all_to_all"].groupby("step")["transfer_ns"].sum()
+    steps = pd.Index(sorted(coll["step"].unique()), name="step")
+    rows = []
+    for a in a2a[a2a["is_finding"].fillna(False).astype(bool)].itertuples():
+        ratio = _routing_ratio(a)
+        waits = coll[coll["last_arriver"] == a.rank].groupby("step")["total_wait_ns"].sum() / n_ranks
+        per = pd.DataFrame({"transfer_excess_ns": transfer.reindex(steps).fillna(0.0) * (1 - 1 / ratio),
+                            "imposed_wait_ns": waits.reindex(steps).fillna(0.0)}).reset_index()
+        rows.append(per.assign(rank=int(a.rank), ratio=ratio))
+    return pd.concat(rows)[cols] if rows else pd.DataFrame(columns=cols)
+
+
 def _routing(data: RunData, already: set) -> list[Finding]:
     """MoE routing skew: a rank that sends or receives far more all_to_all bytes than the mean.
-    Recoverable time: the all_to_all transfer time per step that balanced routing would save, if
-    transfer scales with the largest rank's bytes (balanced: the mean) -- transfer x (1 - 1/ratio)."""
+    Recoverable time: per step, the all_to_all transfer balanced routing would save plus the waits
+    the rank imposed on its peers by arriving late (:func:`routing_per_step`), median over steps."""
     a2a = data.r("all_to_all_balance")
-    coll = data.r("collectives")
-    if a2a.empty or "is_finding" not in a2a:
+    per = routing_per_step(data)
+    if per.empty:
         return []
     step_ns = median_step_ns(data)
-    sel = coll[coll["op"] == "all_to_all"] if not coll.empty else coll
-    steps = max(sel["step"].nunique(), 1) if not sel.empty else 1
-    transfer = float(sel["transfer_ns"].sum()) / steps if not sel.empty else 0.0
+    coll = data.r("collectives")
+    n_ranks = max(int(data.ranks["rank"].nunique()) if not data.ranks.empty else 1, 1)
+    steps = max(coll["step"].nunique(), 1)
+    imposed_by = (coll.groupby("last_arriver")["total_wait_ns"].sum() / steps / n_ranks)
     out = []
     for a in a2a[a2a["is_finding"].fillna(False).astype(bool)].itertuples():
         if a.rank in already:
             continue
-        ratio = max(float(a.recv_over_mean or 0), float(a.sent_over_mean or 0), 1.0)
-        rec = transfer * (1 - 1 / ratio)
+        mine = per[per["rank"] == a.rank]
+        ratio = _routing_ratio(a)
+        rec = float((mine["transfer_excess_ns"] + mine["imposed_wait_ns"]).median())
+        last = coll[coll["last_arriver"] == a.rank]
+        worst = imposed_by.drop(a.rank, errors="ignore")
         ev = [f"all_to_all: receives {a.recv_over_mean:.2f}x and sends {a.sent_over_mean:.2f}x the mean bytes of the "
               f"ranks over {a.n_all_to_all} all_to_all ops",
-              f"all_to_all transfer time {ms(transfer)} per step; balanced routing would cut it by about "
-              f"1 - 1/{ratio:.2f}"]
-        out.append(Finding("imbalance", f"{_TITLES['imbalance']}: rank {a.rank} (MoE routing)", rec, _pct(rec, step_ns),
+              f"balanced routing would cut the all_to_all transfer time by about 1 - 1/{ratio:.2f}: "
+              f"{ms(mine['transfer_excess_ns'].median())} per step (median)",
+              f"arrived last at {len(last)} of {len(coll)} collectives; the waits it imposed there, "
+              f"{ms(mine['imposed_wait_ns'].median())} per step and rank (median), are charged here, not to exposed "
+              f"communication"]
+        if not worst.empty and worst.max() > imposed_by.get(a.rank, 0.0):
+            ev.append(f"other ranks were late too: rank {int(worst.idxmax())} imposed {ms(worst.max())} per step and "
+                      f"rank against {ms(imposed_by.get(a.rank, 0.0))} for rank {a.rank} (mean over steps)")
+        out.append(Finding("imbalance", f"{_TITLES['imbalance']}: rank {a.rank} (MoE routing)", rec, pct_of(rec, step_ns),
                            f"rank {a.rank} gets {ratio:.2f}x the mean all_to_all traffic (routing skew)",
                            rank=int(a.rank), evidence=ev))
     return out
@@ -170,14 +218,15 @@ def exposed_comm_per_step(data: RunData) -> pd.DataFrame:
     includes the time a rank waits for a late peer inside the collective, and on a pipeline the
     time a stage waits in a receive. Those are charged to the straggler/imbalance (collective
     waits, from collectives.total_wait_ns) and to the pipeline (stalls, pipeline_bubbles.stall_ns),
-    so they are subtracted here. What is left can be hidden under compute at best: it is capped
+    so they are subtracted here; so is the all_to_all transfer a MoE routing-skew finding claims
+    (:func:`routing_per_step`, ``routing_ns``). What is left can be hidden under compute at best: it is capped
     by the step's compute that is not already overlapping communication (the overlap result is per
     rank over the window, so its overlapped time is spread evenly over the steps).
-    Columns: step, exposed_ns, wait_ns, stall_ns, free_compute_ns, recoverable_ns.
+    Columns: step, exposed_ns, wait_ns, stall_ns, routing_ns, free_compute_ns, recoverable_ns.
     """
     tb = data.r("temporal_breakdown")
     tb = tb[tb["step"].notna()] if not tb.empty else tb
-    cols = ["step", "exposed_ns", "wait_ns", "stall_ns", "free_compute_ns", "recoverable_ns"]
+    cols = ["step", "exposed_ns", "wait_ns", "stall_ns", "routing_ns", "free_compute_ns", "recoverable_ns"]
     if tb.empty:
         return pd.DataFrame(columns=cols)
     n_ranks = max(tb["rank"].nunique(), 1)
@@ -192,7 +241,10 @@ def exposed_comm_per_step(data: RunData) -> pd.DataFrame:
     per["wait_ns"] = waits.reindex(per.index).fillna(0.0).astype(float)
     per["stall_ns"] = stalls.reindex(per.index).fillna(0.0).astype(float)
     per["free_compute_ns"] = (per["compute_ns"] - overlapped).clip(lower=0.0)
-    transfer = (per["exposed_ns"] - per["wait_ns"] - per["stall_ns"]).clip(lower=0.0)
+    rt = routing_per_step(data)
+    per["routing_ns"] = rt.groupby("step")["transfer_excess_ns"].sum().reindex(per.index).fillna(0.0).astype(float) \
+        if not rt.empty else 0.0
+    transfer = (per["exposed_ns"] - per["wait_ns"] - per["stall_ns"] - per["routing_ns"]).clip(lower=0.0)
     per["recoverable_ns"] = np.minimum(transfer, per["free_compute_ns"])
     return per.reset_index()[cols]
 
@@ -202,14 +254,15 @@ def _exposed(data: RunData, step_ns: float) -> list[Finding]:
     if per.empty:
         return []
     rec = float(per["recoverable_ns"].median())
-    pct = _pct(rec, step_ns)
+    pct = pct_of(rec, step_ns)
     if not pct >= EXPOSED_COMM_MIN_PCT:
         return []
     ov = data.r("overlap")
     ev = [f"exposed communication (no compute running): {ms(per['exposed_ns'].median())} per step and rank "
-          f"({_pct(per['exposed_ns'].median(), step_ns):.1f}% of the step)",
+          f"({pct_of(per['exposed_ns'].median(), step_ns):.1f}% of the step)",
           f"of which waiting for late peers {ms(per['wait_ns'].median())} and pipeline stalls "
-          f"{ms(per['stall_ns'].median())} (charged to those findings, not counted here)",
+          f"{ms(per['stall_ns'].median())}" + (f", all_to_all transfer lost to routing skew {ms(per['routing_ns'].median())}"
+                                                if per["routing_ns"].any() else "") + " (charged to those findings, not counted here)",
           f"compute available to hide it under: {ms(per['free_compute_ns'].median())} per step"]
     if not ov.empty:
         lo = ov.loc[ov["overlap_pct"].astype(float).idxmin()] if ov["overlap_pct"].notna().any() else None

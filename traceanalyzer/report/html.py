@@ -17,6 +17,7 @@ import pandas as pd
 
 from .build import Report, RunReport
 from .findings import ms
+from .whatif import replay_note
 from .metrics import METRICS
 
 _SCRIPT = """
@@ -112,7 +113,8 @@ def _findings(rr: RunReport) -> str:
     if not rr.findings:
         out = "<div class=\"none\"><h3>No findings</h3><p>Nothing in this run costs a step enough to report.</p></div>"
     else:
-        out = ""
+        note = replay_note(rr.replay)
+        out = f"<p class=\"meta replay\" data-replay=\"{esc(rr.replay.status)}\">{esc(note)}</p>" if note else ""
         for i, f in enumerate(rr.findings, start=1):
             out += (f"<div class=\"finding\" id=\"finding-{esc(rr.run)}-{i}\" data-kind=\"{esc(f.kind)}\">"
                     f"<h3>#{i} {esc(f.title)}: <span class=\"recoverable\">{esc(ms(f.recoverable_ns_per_step))} per step "

@@ -28,6 +28,7 @@ class RunData:
     groups: pd.DataFrame                # process groups: pg_name, pg_desc, pg_size, pg_ranks
     params: dict                        # the analysis parameters the results were computed with
     pipeline_idle: pd.DataFrame = field(default_factory=pd.DataFrame)  # run, rank, stage, step, kind, caused_by_rank, lo_ns, hi_ns, dur_ns
+    events: int = 0                     # stored events of the run (what a replay graph has to hold)
 
     def r(self, name: str) -> pd.DataFrame:
         """The result table ``name`` of this run (empty with the schema's columns if absent)."""
@@ -94,7 +95,9 @@ def load_run(con, store: str | os.PathLike, run: str, with_intervals: bool = Tru
                count(DISTINCT rank) AS seen_on_ranks
         FROM process_groups WHERE run = $run GROUP BY pg_name ORDER BY pg_name""", {"run": run}).df()
     entry = _saved(Path(store)).get("stragglers", {})
-    data = RunData(run=run, results=results, ranks=ranks, groups=groups, params=dict(entry.get("params", {})))
+    events = con.execute("SELECT count(*) FROM events WHERE run = $run", {"run": run}).fetchone()[0]
+    data = RunData(run=run, results=results, ranks=ranks, groups=groups, params=dict(entry.get("params", {})),
+                   events=int(events))
     if with_intervals and not data.r("pipeline_shape").empty:
         data.pipeline_idle = pipeline_idle(con, run, data.params)
     return data

@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from urllib.parse import quote
 
 from .build import Report, RunReport
 from .findings import ms
 from .metrics import METRICS
+from .whatif import replay_note
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|#])")
 
@@ -44,6 +46,8 @@ def _run(rr: RunReport, fig_dir: Path | None, fig_rel: str) -> list[str]:
                   [[int(r.rank), int(r.steps), ms(r.median_ns), ms(r.min_ns), ms(r.max_ns), ms(r.compute_ns)]
                    for r in rr.step_times.itertuples()])
     out += ["### Findings, ranked by recoverable time per step", ""]
+    if replay_note(rr.replay):
+        out += [md(replay_note(rr.replay)), ""]
     if not rr.findings:
         out += ["No findings.", ""]
     for i, f in enumerate(rr.findings, start=1):
@@ -58,7 +62,7 @@ def _run(rr: RunReport, fig_dir: Path | None, fig_rel: str) -> list[str]:
         if fig_dir is not None:
             name = f"{_safe_name(rr.run)}_{fig.name}.png"
             (fig_dir / name).write_bytes(fig.png)
-            out += [f"![{md(fig.title)}]({fig_rel}/{name})", "", f"*{md(fig.caption)}*", ""]
+            out += [f"![{md(fig.title)}]({quote(fig_rel)}/{quote(name)})", "", f"*{md(fig.caption)}*", ""]
     kb = rr.data.r("kernel_breakdown") if rr.data is not None else None
     if kb is not None and not kb.empty:
         kb = kb[kb["category"] == "compute"]

@@ -1,0 +1,158 @@
+"""Replay what-ifs for the report: what idealising a flagged rank would give back, by simulation.
+
+For each straggler / imbalance / slow-stage finding (the top :data:`REPLAY_MAX_FINDINGS` by their
+estimate, so a 128-rank report stays fast) the run's dependency graph is replayed with that rank
+(for a slow stage: the stage's rank) idealised -- its compute the mean over ranks of the same
+operation, its communication the median transfer of its class (``traceanalyzer.replay``'s
+``idealize``). The saving is the job step (per step the slowest rank, averaged over steps) of the
+identity replay minus that of the what-if. It becomes the finding's recoverable time (negative
+savings count as 0: idealising the rank would not shorten the step); the analyses' estimate (the
+wait it imposes on its peers, or its excess) is kept beside it. Every replay result carries the
+identity-replay error of the same run (how well the replay reproduces the measured steps).
+
+Replay is best effort: when the graph cannot be built or a what-if fails, the findings keep their
+estimates and the report says why (``RunReplay.reason``). Only public replay calls are used
+(``build_graph``, ``what_if``, ``WhatIf.job_step_ns``, ``WhatIf.identity_error``).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from .findings import Finding, median_step_ns, ms, pct_of
+from .load import RunData
+
+#: At most this many rank findings (largest estimate first) are replayed; the others keep their
+#: estimate. One what-if costs one replay of the whole graph (~10 s for 13 M events on 2 cores).
+REPLAY_MAX_FINDINGS = 3
+
+#: Findings whose estimate is below this % of the median step are not replayed (nothing worth a
+#: what-if; a 128-rank DLRM job flags 16 ranks that each cost 0.07 % of a step).
+REPLAY_MIN_PCT = 1.0
+
+#: Runs with more stored events than this are not replayed by the report: building the graph
+#: costs about 9 us per event on 2 cores (118 s for 13 M events), over the report's 30 s budget.
+#: ``traceanalyzer report --replay-max-events N`` raises it; the estimates are kept and the
+#: report says why.
+REPLAY_MAX_EVENTS = 1_000_000
+
+#: Finding kinds a what-if applies to (the ones that name a rank).
+REPLAY_KINDS = ("straggler", "imbalance", "slow_stage")
+
+
+@dataclass
+class RunReplay:
+    """The replay side of one run's report."""
+    status: str                         # ok, failed (graph or what-if error), skipped (run too large), off (not asked for), none (nothing to replay)
+    reason: str = ""                    # why it failed / was not run
+    identity_error: dict = field(default_factory=dict)   # median, p90 (fractions) of |identity - measured| / measured
+    build_s: float = 0.0                # seconds to build the graph
+    what_ifs: int = 0                   # what-ifs replayed
+
+    def to_dict(self) -> dict:
+        return {"status": self.status, "reason": self.reason, "identity_error": self.identity_error,
+                "build_s": self.build_s, "what_ifs": self.what_ifs}
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")
+
+
+def _target_ranks(f: Finding, data: RunData) -> list[int]:
+    """The ranks to idealise: the finding's rank; for a slow stage every rank that holds the stage."""
+    if f.kind == "slow_stage":
+        sl = data.r("pipeline_slow_stages")
+        ranks = sorted({int(r) for r in sl.loc[sl["stage"] == f.stage, "rank"]}) if not sl.empty else []
+        return ranks or [int(f.rank)]
+    return [int(f.rank)]
+
+
+def apply_replay(store, data: RunData, findings: list[Finding], max_events: int = REPLAY_MAX_EVENTS) -> RunReplay:
+    """Replay the what-if of each rank finding (in place: ``Finding.replay``, and the recoverable
+    time becomes the replay's saving), re-rank ``findings``, and return the run's replay status."""
+    targets = sorted([f for f in findings if f.kind in REPLAY_KINDS and f.rank is not None],
+                     key=lambda f: -f.recoverable_ns_per_step)
+    if not targets:
+        return RunReplay("none", "no straggler, imbalance or slow-stage finding to replay")
+    small = [f for f in targets if not f.recoverable_pct >= REPLAY_MIN_PCT]
+    for f in small:
+        f.replay = {"status": "skipped", "reason": f"its estimate is below {REPLAY_MIN_PCT:g}% of the step"}
+    targets = [f for f in targets if f not in small]
+    if not targets:
+        return RunReplay("none", f"no rank finding worth {REPLAY_MIN_PCT:g}% of the step to replay")
+    if data.events > max_events:
+        out = RunReplay("skipped", f"the run has {data.events:,} events, more than the {max_events:,} the report "
+                                   f"replays (traceanalyzer report --replay-max-events); recoverable times are the "
+                                   f"analyses' estimates")
+        for f in targets:
+            f.replay = {"status": "skipped", "reason": out.reason}
+        return out
+    from .. import replay
+    t0 = time.perf_counter()
+    try:
+        g = replay.build_graph(store, data.run)
+    except Exception as exc:  # noqa: BLE001 -- the report must not fail because replay did
+        out = RunReplay("failed", f"the replay graph could not be built ({_one_line(exc)}); recoverable times "
+                                  f"are the analyses' estimates (wait imposed on the peers, or excess time)")
+        for f in targets:
+            f.replay = {"status": "failed", "reason": out.reason}
+        return out
+    out = RunReplay("ok", build_s=time.perf_counter() - t0)
+    step_ns = median_step_ns(data)
+    for i, f in enumerate(targets):
+        if i >= REPLAY_MAX_FINDINGS:
+            f.replay = {"status": "skipped", "reason": f"only the top {REPLAY_MAX_FINDINGS} rank findings are replayed"}
+            continue
+        ranks = _target_ranks(f, data)
+        plan = {"actions": [{"action": "idealize", "ranks": ranks}]}
+        try:
+            r = replay.what_if(g, {"actions": [dict(a) for a in plan["actions"]]})  # it may add keys
+            ident_ns, pred_ns = r.job_step_ns("identity_ns"), r.job_step_ns()
+            err = {k: float(r.identity_error[k]) for k in ("median", "p90") if k in r.identity_error}
+        except Exception as exc:  # noqa: BLE001
+            f.replay = {"status": "failed", "reason": f"what-if failed ({_one_line(exc)}); the estimate is kept"}
+            out.status, out.reason = "failed", f.replay["reason"]
+            continue
+        out.what_ifs += 1
+        out.identity_error = err
+        saving = ident_ns - pred_ns
+        f.replay = {"status": "ok", "plan": plan, "ranks": ranks, "identity_step_ns": ident_ns,
+                    "predicted_step_ns": pred_ns, "saving_ns_per_step": saving,
+                    "saving_pct": 100.0 * saving / ident_ns if ident_ns else None, "identity_error": err}
+        f.estimate_ns_per_step = f.recoverable_ns_per_step
+        f.recoverable_ns_per_step = max(saving, 0.0)
+        f.recoverable_pct = pct_of(f.recoverable_ns_per_step, step_ns)
+        f.recoverable_source = "replay"
+        f.evidence.insert(0, replay_sentence(f))
+    findings.sort(key=lambda f: -f.recoverable_ns_per_step)
+    return out
+
+
+def replay_sentence(f: Finding) -> str:
+    """'replay: idealising rank 2 would cut the step by 12.85 ms (29.4 %) ...' for one finding."""
+    r = f.replay or {}
+    if r.get("status") != "ok":
+        return f"replay: not used ({r.get('reason', 'not run')})"
+    who = ("rank " if len(r["ranks"]) == 1 else "ranks ") + ", ".join(map(str, r["ranks"]))
+    err = r.get("identity_error") or {}
+    err_txt = (f" (identity-replay error: median {100 * err['median']:.1f} %, p90 {100 * err['p90']:.1f} %)"
+               if "median" in err and "p90" in err else "")
+    s = r["saving_ns_per_step"]
+    if s > 0:
+        head = f"replay: idealising {who} would cut the step by {ms(s)} ({r['saving_pct']:.1f} %)"
+    else:
+        head = f"replay: idealising {who} would not shorten the step ({ms(-s)} longer, {-r['saving_pct']:.1f} %)"
+    return (head + f": {ms(r['identity_step_ns'])} → {ms(r['predicted_step_ns'])}" + err_txt
+            + (f"; the analyses' estimate was {ms(f.estimate_ns_per_step)}" if f.estimate_ns_per_step is not None else ""))
+
+
+def replay_note(rp: RunReplay) -> str:
+    """One line on how the run's rank findings were valued (replay, or why not)."""
+    if rp.status == "ok":
+        err = rp.identity_error
+        return (f"Recoverable times of rank findings are replay what-ifs ({rp.what_ifs} replayed; identity-replay "
+                f"error median {100 * err.get('median', float('nan')):.1f} %, p90 {100 * err.get('p90', float('nan')):.1f} %).")
+    if rp.status in ("failed", "skipped"):
+        return f"Replay not used: {rp.reason}."
+    return ""
