@@ -275,3 +275,47 @@ def test_disabled_overlap_is_seen_as_exposed_communication(ddp_runs):
     assert (off["overlap_pct"] < 1).all()       # nothing overlapped
     assert (on["overlap_pct"] > 15).all()       # DDP's bucketed all-reduce overlaps backward
     assert off["exposed_ns"].sum() > 2 * on["exposed_ns"].sum()
+
+
+@pytest.fixture(scope="module")
+def pp_dp(tmp_path_factory):
+    store = tmp_path_factory.mktemp("ppdp") / "s"
+    ta.ingest([TRACES / "pp_1f1b_2x2_dp"], store, run="ppdp")
+    return store
+
+
+def test_pp_x_dp_has_one_pipeline_per_replica(pp_dp):
+    """2 replicas x 2 stages (manifest layout: pipelines [[0, 1], [2, 3]]): two pipelines, each
+    2 stages of 4 micro-batches, theoretical bubble (2-1)/(4+2-1) = 20 %; the p2p peers are global
+    ranks of the replica even though gloo recorded them as ranks of the subgroup."""
+    layout = json.loads((TRACES / "pp_1f1b_2x2_dp" / "manifest.json").read_text())["layout"]
+    assert layout["pipelines"] == [[0, 1], [2, 3]] and layout["dp_groups"] == [[0, 2], [1, 3]]
+    con = ta.open(pp_dp)
+    peers = set(con.execute("SELECT DISTINCT src_rank, dst_rank FROM comms WHERE is_p2p").fetchall())
+    assert peers == {(0, 1), (1, 0), (2, 3), (3, 2)}
+    shape = analyses.pipeline_shape(pp_dp)
+    assert list(shape["pipeline_id"]) == [0, 2]
+    assert (shape["n_stages"] == 2).all() and (shape["microbatches"] == 4).all()
+    assert list(shape["theoretical_bubble_pct"]) == pytest.approx([20.0, 20.0])
+    b = analyses.bubbles(pp_dp)
+    assert len(b) == 4 * 3  # ranks x steps
+    stages = dict(zip(b["rank"], zip(b["pipeline_id"], b["stage"])))
+    assert stages == {0: (0, 0), 1: (0, 1), 2: (2, 0), 3: (2, 1)}
+    parts = b["busy_ns"] + b["warmup_ns"] + b["cooldown_ns"] + b["stall_ns"] + b["other_idle_ns"]
+    assert (parts == b["step_ns"]).all()
+    # stalls are charged to the rank's own pipeline partner, never to the other replica
+    con = ta.open(pp_dp)
+    analyses.prepare(con)
+    charged = set(con.execute("SELECT DISTINCT rank, caused_by_rank FROM pipeline_idle WHERE kind = 'stall'").fetchall())
+    assert charged == {(0, 1), (1, 0), (2, 3), (3, 2)}
+
+
+def test_pp_x_dp_slow_stage_compares_within_its_pipeline(pp_dp):
+    """With 2 stages per pipeline, a stage's 'others' is exactly its partner in the same replica."""
+    slow = analyses.slow_stages(pp_dp).set_index("rank")
+    own = slow["own_ns_per_step"]
+    for rank, partner in ((0, 1), (1, 0), (2, 3), (3, 2)):
+        assert slow.loc[rank, "others_own_ns_per_step"] == own[partner]
+    causes = analyses.stall_causes(pp_dp)
+    assert sorted(causes.groupby("pipeline_id")["rank"].apply(sorted).tolist()) == [[0, 1], [2, 3]]
+    assert sorted(causes["rank_order"]) == [1, 1, 2, 2]  # ranked within each pipeline

@@ -362,7 +362,7 @@ def describe() -> str:
 # prints with --json. Each is the output of one SQL view of traceanalyzer/analyses/sql/; the view's
 # columns must be exactly these (a test checks it). Bump RESULTS_VERSION when one changes.
 
-RESULTS_VERSION = "1.0"
+RESULTS_VERSION = "1.1"
 
 
 def _r(name: str, doc: str, cols: list[tuple]) -> Table:
@@ -459,19 +459,20 @@ RESULTS: dict[str, Table] = {t.name: t for t in (
         ("stream", I64, "", "GPU stream"), ("launches", I64, "", "launches"), ("max_queue", F64, "", "largest queue"),
         ("mean_queue", F64, "", "time-weighted mean queue length")]),
     _r("pipeline_shape", "Detected pipeline: stages, stages per rank, micro-batches, schedule.", [
-        ("run", STR, "", "run name"), ("n_stages", I64, "", "pipeline ranks (p)"), ("stages_per_rank", I64, "", "v"),
+        ("run", STR, "", "run name"), ("pipeline_id", I32, "", "the pipeline (connected component of the p2p graph): its smallest global rank"),
+        ("n_stages", I64, "", "pipeline ranks (p)"), ("stages_per_rank", I64, "", "v"),
         ("microbatches", F64, "", "m"), ("schedule", STR, "", "gpipe, 1f1b or interleaved1f1b"),
         ("theoretical_bubble_pct", F64, "%", "(p-1)/(v*m+p-1)")]),
     _r("pipeline_bubbles", "Idle time of each pipeline stage per step, split by cause.", _RUN_RANK + [
-        ("stage", I64, "", "position in the pipeline"), ("step", I32, "", "ProfilerStep"), ("step_ns", I64, _NS, "step"),
+        ("pipeline_id", I32, "", "the rank's pipeline (smallest global rank)"), ("stage", I64, "", "position in the pipeline"), ("step", I32, "", "ProfilerStep"), ("step_ns", I64, _NS, "step"),
         ("busy_ns", I64, _NS, "compute"), ("idle_ns", I64, _NS, "step - compute"),
         ("warmup_ns", I64, _NS, "before its first compute"), ("cooldown_ns", I64, _NS, "after its last compute"),
         ("stall_ns", I64, _NS, "waiting on a p2p peer in between"), ("other_idle_ns", I64, _NS, "own host-side delays"),
         ("bubble_pct", F64, "%", "idle / step"), ("theoretical_bubble_pct", F64, "%", "for the detected schedule"),
         ("schedule", STR, "", "detected schedule"), ("microbatches", F64, "", "detected m")]),
     _r("pipeline_slow_stages", "Pipeline stages whose own time exceeds the others' (slow stage first).", _RUN_RANK + [
-        ("stage", I64, "", "position"), ("own_ns_per_step", F64, _NS, "compute + own delays, median over steps"),
-        ("others_own_ns_per_step", F64, _NS, "median of the other stages"), ("excess_ns_per_step", F64, _NS, "own - others"),
+        ("pipeline_id", I32, "", "the rank's pipeline (smallest global rank)"), ("stage", I64, "", "position"), ("own_ns_per_step", F64, _NS, "compute + own delays, median over steps"),
+        ("others_own_ns_per_step", F64, _NS, "median of the other stages of its pipeline"), ("excess_ns_per_step", F64, _NS, "own - others"),
         ("excess_pct", F64, "%", "of the median step"), ("stall_caused_ns_per_step", F64, _NS, "stalls charged to it"),
         ("is_finding", BOOL, "", "above slow_stage_min_excess_pct"), ("rank_order", I64, "", "1 = largest excess")]),
     _r("critical_path", "Cross-rank critical path of each step, one row per hop (latest first).", [
