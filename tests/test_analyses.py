@@ -319,3 +319,23 @@ def test_pp_x_dp_slow_stage_compares_within_its_pipeline(pp_dp):
     causes = analyses.stall_causes(pp_dp)
     assert sorted(causes.groupby("pipeline_id")["rank"].apply(sorted).tolist()) == [[0, 1], [2, 3]]
     assert sorted(causes["rank_order"]) == [1, 1, 2, 2]  # ranked within each pipeline
+
+
+def test_critical_path_follows_p2p_through_the_slow_stage(pipeline):
+    """pp_1f1b_4rank_slow2: stage 2 (rank 2) sleeps 10 ms in each of its 8 micro-batch forwards.
+    The pipeline has no collectives: the path crosses ranks only through receives that waited for
+    their send, and every step's path spends at least the 8 x 10 ms of sleep on rank 2."""
+    from traceanalyzer.analyses.critical_path import critical_path
+    cp = critical_path(pipeline, run="pp_1f1b_4rank_slow2")
+    assert set(cp["via_op"].dropna()) == {"recv"}
+    assert sorted(cp["step"].unique()) == [2, 3, 4]
+    for step, g in cp.groupby("step"):
+        on2 = g[g["rank"] == 2]["dur_ns"].sum()
+        assert on2 >= 8 * 10e6, (step, on2)
+        # the hops tile the path: each starts where the next (earlier) one hands over, never later
+        assert (g["lo_ns"] <= g["hi_ns"]).all()
+    summ = critical_path_summary(pipeline, run="pp_1f1b_4rank_slow2")
+    idle2 = summ[(summ["rank"] == 2) & (summ["label"] == "idle")].groupby("step")["path_ns"].sum()
+    assert (idle2 > 70e6).all()  # the sleeps: no recorded activity on rank 2
+    top = summ.groupby("rank")["path_ns"].sum().idxmax()
+    assert top == 2

@@ -478,8 +478,9 @@ RESULTS: dict[str, Table] = {t.name: t for t in (
     _r("critical_path", "Cross-rank critical path of each step, one row per hop (latest first).", [
         ("run", STR, "", "run name"), ("step", I32, "", "ProfilerStep"), ("hop", I64, "", "0 = the hop that ends the step"),
         ("rank", I32, "", "rank whose own time this is"), ("lo_ns", I64, _NS, "hop start"), ("hi_ns", I64, _NS, "hop end"),
-        ("dur_ns", I64, _NS, "hop length"), ("via_pg", STR, "", "collective the path entered this rank through"),
-        ("via_seq", I64, "", "its seq")]),
+        ("dur_ns", I64, _NS, "hop length"), ("via_op", STR, "", "how the path entered this rank: the collective's op, or 'recv' (a receive that waited for this rank's send)"),
+        ("via_pg", STR, "", "its process group"),
+        ("via_seq", I64, "", "its seq (collective) or p2p_seq (receive)")]),
     _r("critical_path_summary", "Time on each step's critical path per rank and activity.", [
         ("run", STR, "", "run name"), ("step", I32, "", "ProfilerStep"), ("rank", I32, "", "rank"),
         ("label", STR, "", "compute, comm, memory or idle"), ("path_ns", F64, _NS, "time on the path"),
