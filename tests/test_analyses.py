@@ -126,6 +126,9 @@ def test_straggler_is_found_with_its_phase_and_cost(slow2):
     # the injected 20 ms per forward, seen as its excess over the other ranks' forward
     assert 18e6 < top["phase_excess_ns_per_step"] < 23e6
     assert top["delay_pct"] > 10
+    # the sleep is not annotated itself: the innermost named range holding it is DDP's forward
+    assert top["annotation"] == "DistributedDataParallel.forward"
+    assert 18e6 < top["annotation_excess_ns_per_step"] < 23e6
 
 
 def test_phases_cover_the_step(slow2):
@@ -339,3 +342,18 @@ def test_critical_path_follows_p2p_through_the_slow_stage(pipeline):
     assert (idle2 > 70e6).all()  # the sleeps: no recorded activity on rank 2
     top = summ.groupby("rank")["path_ns"].sum().idxmax()
     assert top == 2
+
+
+def test_straggler_excess_is_placed_in_the_user_annotation(tmp_path):
+    """ddp_gloo_2rank_slow1_annotated: rank 1 sleeps 60 ms per forward inside
+    record_function("slow_rank_delay"), which rank 0 never enters: the straggler's excess lies in
+    that range, and its size is the median duration of the range in the raw trace."""
+    ta.ingest([TRACES / "ddp_gloo_2rank_slow1_annotated"], tmp_path / "s", run="ann")
+    s = analyses.stragglers(tmp_path / "s")
+    assert list(s["rank"]) == [1]
+    top = s.iloc[0]
+    assert top["phase"] == "forward" and top["annotation"] == "slow_rank_delay"
+    raw = load_raw(TRACES / "ddp_gloo_2rank_slow1_annotated" / "rank1.window0.pt.trace.json.gz")
+    durs = sorted(e["dur"] for e in raw["traceEvents"] if e.get("name") == "slow_rank_delay")
+    assert len(durs) == 5 and durs[0] >= 60_000  # µs: one per profiled step, each >= the 60 ms sleep
+    assert top["annotation_excess_ns_per_step"] == pytest.approx(durs[2] * 1000, abs=1)  # median of 5

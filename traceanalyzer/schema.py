@@ -396,6 +396,8 @@ RESULTS: dict[str, Table] = {t.name: t for t in (
         ("steps", I64, "", "steps in the window"), ("steps_flagged", I64, "", "steps above the thresholds"),
         ("pattern", STR, "", "persistent or sporadic"), ("phase", STR, "", "phase where it was slower than its peers"),
         ("phase_excess_ns_per_step", F64, _NS, "median excess over its peers in that phase"),
+        ("annotation", STR, "", "innermost user annotation (record_function range) of that phase holding the most excess"),
+        ("annotation_excess_ns_per_step", F64, _NS, "median excess over its peers in that annotation (exclusive time)"),
         ("rank_order", I64, "", "1 = costliest")]),
     _r("phases", "Forward / backward / sync / optimizer time per rank and step.", _RUN_RANK + [
         ("step", I32, "", "ProfilerStep"), ("step_start_ns", I64, _NS, "step start"), ("step_end_ns", I64, _NS, "step end"),
