@@ -357,3 +357,39 @@ def test_straggler_excess_is_placed_in_the_user_annotation(tmp_path):
     durs = sorted(e["dur"] for e in raw["traceEvents"] if e.get("name") == "slow_rank_delay")
     assert len(durs) == 5 and durs[0] >= 60_000  # µs: one per profiled step, each >= the 60 ms sleep
     assert top["annotation_excess_ns_per_step"] == pytest.approx(durs[2] * 1000, abs=1)  # median of 5
+
+
+def _renumbered_copy(src, dst, rank, shift):
+    """A copy of a shipped run where one rank's ProfilerStep#N are renamed ProfilerStep#(N+shift),
+    as if that rank had started profiling at another iteration."""
+    import gzip
+    import re
+    import shutil
+    shutil.copytree(src, dst)
+    path = dst / f"rank{rank}.window0.pt.trace.json.gz"
+    raw = load_raw(path)
+    for e in raw["traceEvents"]:
+        m = re.fullmatch(r"ProfilerStep#(\d+)", e.get("name", ""))
+        if m:
+            e["name"] = f"ProfilerStep#{int(m.group(1)) + shift}"
+    with gzip.open(path, "wt") as fh:
+        json.dump(raw, fh)
+
+
+@pytest.mark.parametrize("rank", [3, 0])
+def test_steps_are_aligned_by_the_collectives_they_share(slow2, tmp_path, rank):
+    """ddp_gloo_4rank_slow2 with one rank's steps numbered 100 higher: the alignment maps them back
+    (the three ranks that agree keep their numbers), and the stragglers, collectives and phases are
+    the same as on the original."""
+    _renumbered_copy(TRACES / "ddp_gloo_4rank_slow2", tmp_path / "run", rank, 100)
+    store = tmp_path / "s"
+    ta.ingest([tmp_path / "run"], store, run="slow2")
+    al = analyses.step_alignment(store)
+    assert len(al) == 32
+    moved = al[al["rank"] == rank]
+    assert list(moved["step"]) == list(range(102, 110)) and list(moved["aligned_step"]) == list(range(2, 10))
+    others = al[al["rank"] != rank]
+    assert (others["step"] == others["aligned_step"]).all()
+    for fn in (analyses.stragglers, analyses.collectives, analyses.phases, analyses.imbalance):
+        got, want = fn(store), fn(slow2)
+        assert got.equals(want), fn.__name__

@@ -9,7 +9,8 @@
 -- DistributedDataParallel.forward) are kept: they are named regions a user recognises.
 -- Innermost: a range's exclusive time is its duration minus the ranges nested directly in it on
 -- the same thread, so a region's time counts once, in the deepest range that holds it.
--- Phase: the phase of the step (phases.sql) in which the range starts.
+-- Phase: the phase of the step (phases.sql) in which the range starts. Steps are aligned
+-- (step_alignment.sql).
 
 -- Columns: run, rank, step, phase, name, ns (exclusive time in the step), n (ranges).
 CREATE OR REPLACE TEMP VIEW user_annotation_time AS
@@ -28,20 +29,21 @@ depth AS (  -- how many ranges of the same thread enclose each range
     GROUP BY ALL
 ),
 exclusive AS (
-    SELECT a.run, a.rank, a.step, a.name, a.lo,
+    SELECT a.run, a.rank, a.window_id, a.step, a.name, a.lo,
            a.hi - a.lo - coalesce(sum(c.hi - c.lo), 0) AS ns
     FROM depth a LEFT JOIN depth c
       ON c.run = a.run AND c.rank = a.rank AND c.window_id = a.window_id AND c.tid = a.tid
      AND c.depth = a.depth + 1 AND c.lo >= a.lo AND c.hi <= a.hi
     GROUP BY a.run, a.rank, a.window_id, a.tid, a.step, a.event_id, a.name, a.lo, a.hi
 )
-SELECT x.run, x.rank, x.step,
+SELECT x.run, x.rank, p.step,
        CASE WHEN x.lo < p.step_start_ns + p.forward_ns THEN 'forward'
             WHEN x.lo < p.step_start_ns + p.forward_ns + p.backward_ns THEN 'backward'
             WHEN x.lo < p.step_start_ns + p.forward_ns + p.backward_ns + p.sync_ns THEN 'sync'
             ELSE 'optimizer' END AS phase,
        x.name, sum(x.ns) AS ns, count(*) AS n
-FROM exclusive x JOIN step_phases p USING (run, rank, step)
+FROM exclusive x JOIN step_alignment sa USING (run, rank, window_id, step)
+JOIN step_phases p ON p.run = x.run AND p.rank = x.rank AND p.step = sa.aligned_step
 GROUP BY ALL;
 
 -- Per rank, step and range name: the rank's exclusive time in excess of the median of the other

@@ -17,7 +17,8 @@
 --            peer takes the data) was pending: charged to that peer (the upstream stage for
 --            activations, the downstream one for gradients),
 --   other    the rest of the gaps (the stage's own host-side delays).
--- Every comparison between stages (slow stage, stall causes) stays inside one pipeline.
+-- Every comparison between stages (slow stage, stall causes) stays inside one pipeline. Steps are
+-- aligned (step_alignment.sql): a stall is charged to the peer's same iteration.
 
 -- Which pipeline each p2p rank belongs to: the connected component of the p2p graph, found by
 -- following edges from every rank until nothing new is reached (UNION drops what was seen).
@@ -57,9 +58,10 @@ first_stage_sends AS (  -- sends per step of the rank that sends first (the firs
     SELECT run, pipeline_id, median(n) AS m FROM (
         SELECT run, pipeline_id, step, rank, n,
                row_number() OVER (PARTITION BY run, pipeline_id, step ORDER BY first_ts) AS k
-        FROM (SELECT c.run, m.pipeline_id, c.step, c.rank, count(*) AS n, min(c.enqueue_ts_ns) AS first_ts
+        FROM (SELECT c.run, m.pipeline_id, a.aligned_step AS step, c.rank, count(*) AS n, min(c.enqueue_ts_ns) AS first_ts
               FROM comms c JOIN pipeline_members m USING (run, rank)
-              WHERE c.op = 'send' AND c.step IS NOT NULL GROUP BY ALL))
+              JOIN step_alignment a USING (run, rank, window_id, step)
+              WHERE c.op = 'send' GROUP BY ALL))
     WHERE k = 1 GROUP BY run, pipeline_id
 ),
 shape AS (
@@ -92,9 +94,10 @@ GROUP BY run, rank, pipeline_id;
 -- lo_ns, hi_ns, dur_ns.
 CREATE OR REPLACE TEMP VIEW pipeline_idle AS
 WITH busy AS (  -- merged compute of the stage inside its step
-    SELECT a.run, a.rank, s.step, s.start_ts_ns AS s0, s.end_ts_ns AS s1, a.lo_ns, a.hi_ns
-    FROM activity_segments a JOIN steps s USING (run, rank, window_id, step)
-    SEMI JOIN pipeline_stages ps USING (run, rank)
+    SELECT a.run, a.rank, s.aligned_step AS step, s.start_ts_ns AS s0, s.end_ts_ns AS s1, a.lo_ns, a.hi_ns
+    FROM activity_segments a JOIN aligned_steps s
+      ON s.run = a.run AND s.rank = a.rank AND s.window_id = a.window_id AND s.aligned_step = a.step
+    SEMI JOIN pipeline_stages ps ON ps.run = a.run AND ps.rank = a.rank
     WHERE a.n_compute > 0
 ),
 islands AS (
@@ -145,7 +148,7 @@ WHERE g.kind = 'gap' AND g.hi_ns - g.lo_ns - coalesce(p.stall_ns, 0) > 0;
 -- cooldown_ns, stall_ns, other_idle_ns, bubble_pct (idle / step), theoretical_bubble_pct, schedule,
 -- microbatches.
 CREATE OR REPLACE TEMP VIEW pipeline_bubbles AS
-SELECT st.run, st.rank, st.pipeline_id, st.stage, s.step, s.dur_ns AS step_ns,
+SELECT st.run, st.rank, st.pipeline_id, st.stage, s.aligned_step AS step, s.dur_ns AS step_ns,
        s.dur_ns - coalesce(sum(i.dur_ns), 0) AS busy_ns, coalesce(sum(i.dur_ns), 0) AS idle_ns,
        coalesce(sum(i.dur_ns) FILTER (WHERE i.kind = 'warmup'), 0) AS warmup_ns,
        coalesce(sum(i.dur_ns) FILTER (WHERE i.kind = 'cooldown'), 0) AS cooldown_ns,
@@ -154,9 +157,9 @@ SELECT st.run, st.rank, st.pipeline_id, st.stage, s.step, s.dur_ns AS step_ns,
        100.0 * coalesce(sum(i.dur_ns), 0) / nullif(s.dur_ns, 0) AS bubble_pct,
        any_value(sh.theoretical_bubble_pct) AS theoretical_bubble_pct, any_value(sh.schedule) AS schedule,
        any_value(sh.microbatches) AS microbatches
-FROM pipeline_stages st JOIN steps s USING (run, rank) JOIN pipeline_shape sh USING (run, pipeline_id)
-LEFT JOIN pipeline_idle i ON i.run = st.run AND i.rank = st.rank AND i.step = s.step
-GROUP BY st.run, st.rank, st.pipeline_id, st.stage, s.step, s.dur_ns;
+FROM pipeline_stages st JOIN aligned_steps s USING (run, rank) JOIN pipeline_shape sh USING (run, pipeline_id)
+LEFT JOIN pipeline_idle i ON i.run = st.run AND i.rank = st.rank AND i.step = s.aligned_step
+GROUP BY st.run, st.rank, st.pipeline_id, st.stage, s.aligned_step, s.dur_ns;
 
 -- Which stage held the others up: stall time charged to each rank, summed over the stages that
 -- waited for it, per step (median over steps). The slow stage comes first (per pipeline).

@@ -7,17 +7,18 @@
 -- own work before its send then decided when the receive completed (critical_path.py follows
 -- such edges as it follows a collective's last arriver).
 
--- Columns: run, step (the receive's), pg, tag, p2p_seq, src_rank, dst_rank, send_arrival_ns (the
+-- Columns: run, step (the receive's, aligned: step_alignment.sql), pg, tag, p2p_seq, src_rank, dst_rank, send_arrival_ns (the
 -- sender posted its send), recv_arrival_ns (the receiver posted its receive), recv_release_ns
 -- (the receive returned: the end of its gloo span or of the enqueue op that blocked, whichever is
 -- later), recv_wait_ns (send_arrival - recv_arrival, >= 0: the receiver's wait for the sender).
 CREATE OR REPLACE TEMP VIEW p2p_transfers AS
 WITH ops AS (
-    SELECT c.run, c.rank, c.step, c.op, coalesce(c.pg_name, '?') AS pg, c.tag, c.p2p_seq, c.src_rank, c.dst_rank,
+    SELECT c.run, c.rank, coalesce(sa.aligned_step, c.step) AS step, c.op, coalesce(c.pg_name, '?') AS pg, c.tag, c.p2p_seq, c.src_rank, c.dst_rank,
            coalesce(c.enqueue_ts_ns, c.start_ts_ns) + coalesce(o.offset_ns, 0) AS arrival_ns,
            greatest(coalesce(c.end_ts_ns, 0), coalesce(c.enqueue_ts_ns + c.enqueue_dur_ns, 0))
                + coalesce(o.offset_ns, 0) AS release_ns
     FROM comms c LEFT JOIN clock_offsets o ON o.run = c.run AND o.rank = c.rank
+    LEFT JOIN step_alignment sa ON sa.run = c.run AND sa.rank = c.rank AND sa.window_id = c.window_id AND sa.step = c.step
     WHERE c.is_p2p AND c.op IN ('send', 'recv') AND c.src_rank IS NOT NULL AND c.dst_rank IS NOT NULL
 )
 SELECT r.run, r.step, r.pg, r.tag, r.p2p_seq, r.src_rank, r.dst_rank,
