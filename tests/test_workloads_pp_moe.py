@@ -124,8 +124,10 @@ def check_p2p_pairs(run: Run) -> None:
     sends = len(p2p[p2p["op"] == "send"])
     assert sends == len(p2p[p2p["op"] == "recv"])
     layout, gt = run.manifest["layout"], run.manifest["ground_truth"]
-    boundaries = [(layout["stage_to_rank"][s], layout["stage_to_rank"][s + 1])
-                  for s in range(gt["n_stages"] - 1)]
+    # stage_to_rank holds pipeline ranks; with --dp, replica d's pipeline is layout["pipelines"][d]
+    pipelines = layout.get("pipelines", [list(range(run.manifest["world_size"]))])
+    boundaries = [(pipe[layout["stage_to_rank"][s]], pipe[layout["stage_to_rank"][s + 1]])
+                  for pipe in pipelines for s in range(gt["n_stages"] - 1)]
     cross = [(a, b) for a, b in boundaries if a != b]  # stages on one rank don't use p2p
     # forward activations down the pipeline, gradients back up
     assert sends == 2 * len(cross) * gt["microbatches"] * ACTIVE_STEPS
@@ -263,7 +265,7 @@ def test_fsdp(fsdp_run):
 
 # -- shipped traces (traces/README.md gives the commands) --------------------------------------------
 
-@pytest.mark.parametrize("name", ["pp_1f1b_4rank", "pp_1f1b_4rank_slow2"])
+@pytest.mark.parametrize("name", ["pp_1f1b_4rank", "pp_1f1b_4rank_slow2", "pp_1f1b_2x2_dp"])
 def test_shipped_pipeline_traces(name, tmp_path):
     run = _shipped(name, tmp_path)
     check_files(run)
