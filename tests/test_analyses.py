@@ -126,6 +126,9 @@ def test_straggler_is_found_with_its_phase_and_cost(slow2):
     # the injected 20 ms per forward, seen as its excess over the other ranks' forward
     assert 18e6 < top["phase_excess_ns_per_step"] < 23e6
     assert top["delay_pct"] > 10
+    # the sleep is not annotated itself: the innermost named range holding it is DDP's forward
+    assert top["annotation"] == "DistributedDataParallel.forward"
+    assert 18e6 < top["annotation_excess_ns_per_step"] < 23e6
 
 
 def test_phases_cover_the_step(slow2):
@@ -275,3 +278,118 @@ def test_disabled_overlap_is_seen_as_exposed_communication(ddp_runs):
     assert (off["overlap_pct"] < 1).all()       # nothing overlapped
     assert (on["overlap_pct"] > 15).all()       # DDP's bucketed all-reduce overlaps backward
     assert off["exposed_ns"].sum() > 2 * on["exposed_ns"].sum()
+
+
+@pytest.fixture(scope="module")
+def pp_dp(tmp_path_factory):
+    store = tmp_path_factory.mktemp("ppdp") / "s"
+    ta.ingest([TRACES / "pp_1f1b_2x2_dp"], store, run="ppdp")
+    return store
+
+
+def test_pp_x_dp_has_one_pipeline_per_replica(pp_dp):
+    """2 replicas x 2 stages (manifest layout: pipelines [[0, 1], [2, 3]]): two pipelines, each
+    2 stages of 4 micro-batches, theoretical bubble (2-1)/(4+2-1) = 20 %; the p2p peers are global
+    ranks of the replica even though gloo recorded them as ranks of the subgroup."""
+    layout = json.loads((TRACES / "pp_1f1b_2x2_dp" / "manifest.json").read_text())["layout"]
+    assert layout["pipelines"] == [[0, 1], [2, 3]] and layout["dp_groups"] == [[0, 2], [1, 3]]
+    con = ta.open(pp_dp)
+    peers = set(con.execute("SELECT DISTINCT src_rank, dst_rank FROM comms WHERE is_p2p").fetchall())
+    assert peers == {(0, 1), (1, 0), (2, 3), (3, 2)}
+    shape = analyses.pipeline_shape(pp_dp)
+    assert list(shape["pipeline_id"]) == [0, 2]
+    assert (shape["n_stages"] == 2).all() and (shape["microbatches"] == 4).all()
+    assert list(shape["theoretical_bubble_pct"]) == pytest.approx([20.0, 20.0])
+    b = analyses.bubbles(pp_dp)
+    assert len(b) == 4 * 3  # ranks x steps
+    stages = dict(zip(b["rank"], zip(b["pipeline_id"], b["stage"])))
+    assert stages == {0: (0, 0), 1: (0, 1), 2: (2, 0), 3: (2, 1)}
+    parts = b["busy_ns"] + b["warmup_ns"] + b["cooldown_ns"] + b["stall_ns"] + b["other_idle_ns"]
+    assert (parts == b["step_ns"]).all()
+    # stalls are charged to the rank's own pipeline partner, never to the other replica
+    con = ta.open(pp_dp)
+    analyses.prepare(con)
+    charged = set(con.execute("SELECT DISTINCT rank, caused_by_rank FROM pipeline_idle WHERE kind = 'stall'").fetchall())
+    assert charged == {(0, 1), (1, 0), (2, 3), (3, 2)}
+
+
+def test_pp_x_dp_slow_stage_compares_within_its_pipeline(pp_dp):
+    """With 2 stages per pipeline, a stage's 'others' is exactly its partner in the same replica."""
+    slow = analyses.slow_stages(pp_dp).set_index("rank")
+    own = slow["own_ns_per_step"]
+    for rank, partner in ((0, 1), (1, 0), (2, 3), (3, 2)):
+        assert slow.loc[rank, "others_own_ns_per_step"] == own[partner]
+    causes = analyses.stall_causes(pp_dp)
+    assert sorted(causes.groupby("pipeline_id")["rank"].apply(sorted).tolist()) == [[0, 1], [2, 3]]
+    assert sorted(causes["rank_order"]) == [1, 1, 2, 2]  # ranked within each pipeline
+
+
+def test_critical_path_follows_p2p_through_the_slow_stage(pipeline):
+    """pp_1f1b_4rank_slow2: stage 2 (rank 2) sleeps 10 ms in each of its 8 micro-batch forwards.
+    The pipeline has no collectives: the path crosses ranks only through receives that waited for
+    their send, and every step's path spends at least the 8 x 10 ms of sleep on rank 2."""
+    from traceanalyzer.analyses.critical_path import critical_path
+    cp = critical_path(pipeline, run="pp_1f1b_4rank_slow2")
+    assert set(cp["via_op"].dropna()) == {"recv"}
+    assert sorted(cp["step"].unique()) == [2, 3, 4]
+    for step, g in cp.groupby("step"):
+        on2 = g[g["rank"] == 2]["dur_ns"].sum()
+        assert on2 >= 8 * 10e6, (step, on2)
+        # the hops tile the path: each starts where the next (earlier) one hands over, never later
+        assert (g["lo_ns"] <= g["hi_ns"]).all()
+    summ = critical_path_summary(pipeline, run="pp_1f1b_4rank_slow2")
+    idle2 = summ[(summ["rank"] == 2) & (summ["label"] == "idle")].groupby("step")["path_ns"].sum()
+    assert (idle2 > 70e6).all()  # the sleeps: no recorded activity on rank 2
+    top = summ.groupby("rank")["path_ns"].sum().idxmax()
+    assert top == 2
+
+
+def test_straggler_excess_is_placed_in_the_user_annotation(tmp_path):
+    """ddp_gloo_2rank_slow1_annotated: rank 1 sleeps 60 ms per forward inside
+    record_function("slow_rank_delay"), which rank 0 never enters: the straggler's excess lies in
+    that range, and its size is the median duration of the range in the raw trace."""
+    ta.ingest([TRACES / "ddp_gloo_2rank_slow1_annotated"], tmp_path / "s", run="ann")
+    s = analyses.stragglers(tmp_path / "s")
+    assert list(s["rank"]) == [1]
+    top = s.iloc[0]
+    assert top["phase"] == "forward" and top["annotation"] == "slow_rank_delay"
+    raw = load_raw(TRACES / "ddp_gloo_2rank_slow1_annotated" / "rank1.window0.pt.trace.json.gz")
+    durs = sorted(e["dur"] for e in raw["traceEvents"] if e.get("name") == "slow_rank_delay")
+    assert len(durs) == 5 and durs[0] >= 60_000  # µs: one per profiled step, each >= the 60 ms sleep
+    assert top["annotation_excess_ns_per_step"] == pytest.approx(durs[2] * 1000, abs=1)  # median of 5
+
+
+def _renumbered_copy(src, dst, rank, shift):
+    """A copy of a shipped run where one rank's ProfilerStep#N are renamed ProfilerStep#(N+shift),
+    as if that rank had started profiling at another iteration."""
+    import gzip
+    import re
+    import shutil
+    shutil.copytree(src, dst)
+    path = dst / f"rank{rank}.window0.pt.trace.json.gz"
+    raw = load_raw(path)
+    for e in raw["traceEvents"]:
+        m = re.fullmatch(r"ProfilerStep#(\d+)", e.get("name", ""))
+        if m:
+            e["name"] = f"ProfilerStep#{int(m.group(1)) + shift}"
+    with gzip.open(path, "wt") as fh:
+        json.dump(raw, fh)
+
+
+@pytest.mark.parametrize("rank", [3, 0])
+def test_steps_are_aligned_by_the_collectives_they_share(slow2, tmp_path, rank):
+    """ddp_gloo_4rank_slow2 with one rank's steps numbered 100 higher: the alignment maps them back
+    (the three ranks that agree keep their numbers), and the stragglers, collectives and phases are
+    the same as on the original."""
+    _renumbered_copy(TRACES / "ddp_gloo_4rank_slow2", tmp_path / "run", rank, 100)
+    store = tmp_path / "s"
+    ta.ingest([tmp_path / "run"], store, run="slow2")
+    al = analyses.step_alignment(store)
+    assert len(al) == 32
+    moved = al[al["rank"] == rank]
+    assert list(moved["step"]) == list(range(102, 110)) and list(moved["aligned_step"]) == list(range(2, 10))
+    others = al[al["rank"] != rank]
+    assert (others["step"] == others["aligned_step"]).all()
+    for fn in (analyses.stragglers, analyses.collectives, analyses.phases, analyses.imbalance):
+        got, want = fn(store), fn(slow2)
+        assert got.equals(want), fn.__name__

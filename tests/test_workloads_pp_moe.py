@@ -74,6 +74,12 @@ def pp_gpipe_imbalanced(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def pp_dp(tmp_path_factory):
+    return _launch(tmp_path_factory, PP_WORLD, "pipeline", "pp-dp", "--schedule", "1f1b", "--dp", "2",
+                   "--microbatches", "4")
+
+
+@pytest.fixture(scope="module")
 def moe_skew(tmp_path_factory):
     return _launch(tmp_path_factory, MOE_WORLD, "moe", "moe-skew", "--skew", str(SKEW),
                    "--skew-rank", str(SKEW_RANK))
@@ -124,8 +130,10 @@ def check_p2p_pairs(run: Run) -> None:
     sends = len(p2p[p2p["op"] == "send"])
     assert sends == len(p2p[p2p["op"] == "recv"])
     layout, gt = run.manifest["layout"], run.manifest["ground_truth"]
-    boundaries = [(layout["stage_to_rank"][s], layout["stage_to_rank"][s + 1])
-                  for s in range(gt["n_stages"] - 1)]
+    # stage_to_rank holds pipeline ranks; with --dp, replica d's pipeline is layout["pipelines"][d]
+    pipelines = layout.get("pipelines", [list(range(run.manifest["world_size"]))])
+    boundaries = [(pipe[layout["stage_to_rank"][s]], pipe[layout["stage_to_rank"][s + 1]])
+                  for pipe in pipelines for s in range(gt["n_stages"] - 1)]
     cross = [(a, b) for a, b in boundaries if a != b]  # stages on one rank don't use p2p
     # forward activations down the pipeline, gradients back up
     assert sends == 2 * len(cross) * gt["microbatches"] * ACTIVE_STEPS
@@ -189,6 +197,20 @@ def test_pipeline_1f1b_manifest(pp_1f1b):
     assert gt["microbatches"] == PP_MICROBATCHES and gt["n_stages"] == PP_WORLD
     assert gt["slow_stage"] == SLOW_STAGE and gt["slow_stages"] == [SLOW_STAGE]
     assert gt["slow_ms"] == SLOW_MS and gt["slow_rank"] is None
+
+
+@pytest.mark.launch
+def test_pipeline_pp_x_dp_groups_and_gradient_all_reduce(pp_dp):
+    """--dp 2 on 4 ranks: pipelines [0, 1] and [2, 3], each over its own group; one gradient
+    all_reduce per stage and step across the replicas, over the DP groups [0, 2] and [1, 3]."""
+    layout = pp_dp.manifest["layout"]
+    assert (layout["dp"], layout["pp"], layout["stages"]) == (2, 2, 2)
+    assert layout["pipelines"] == [[0, 1], [2, 3]] and layout["dp_groups"] == [[0, 2], [1, 3]]
+    check_files(pp_dp)
+    check_p2p_pairs(pp_dp)
+    ar = pp_dp.con.execute("""SELECT pg_ranks, count(*) AS n FROM comms WHERE op = 'all_reduce' AND step IS NOT NULL
+                              GROUP BY ALL ORDER BY pg_ranks""").fetchall()
+    assert [(list(r), n) for r, n in ar] == [([0, 2], 2 * ACTIVE_STEPS), ([1, 3], 2 * ACTIVE_STEPS)]
 
 
 @pytest.mark.launch
@@ -263,7 +285,7 @@ def test_fsdp(fsdp_run):
 
 # -- shipped traces (traces/README.md gives the commands) --------------------------------------------
 
-@pytest.mark.parametrize("name", ["pp_1f1b_4rank", "pp_1f1b_4rank_slow2"])
+@pytest.mark.parametrize("name", ["pp_1f1b_4rank", "pp_1f1b_4rank_slow2", "pp_1f1b_2x2_dp"])
 def test_shipped_pipeline_traces(name, tmp_path):
     run = _shipped(name, tmp_path)
     check_files(run)

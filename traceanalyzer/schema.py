@@ -141,7 +141,7 @@ COMMS = Table("comms", "One row per communication operation on a rank, normalise
     _c("pg_desc", STR, "process group description"),
     _c("pg_ranks", pa.list_(I32), "global ranks of the group"),
     _c("group_size", I32, "members of the group"),
-    _c("pg_source", STR, "where pg_name came from: op_args, kernel_args, flight_recorder, runloop_thread (inferred), default_pg (inferred), none"),
+    _c("pg_source", STR, "where pg_name came from: op_args, kernel_args, flight_recorder, runloop_thread (inferred), default_pg (inferred), p2p_match (gloo p2p: the group under which sender and receiver agree, see p2p_groups.py), none"),
     _c("pg_inferred", BOOL, "true when the process group was inferred rather than recorded"),
     _c("seq", I64, "collective sequence index per (run, rank, pg_name): joins the same collective across the ranks of its group (see seq_source for its origin and base). Null for p2p"),
     _c("seq_source", STR, "nccl_seq (the trace's Seq arg), flight_recorder (collective_seq_id, 1-based, from the rank's FR dump), order (0-based position among this rank's collectives of the group in this window)"),
@@ -422,7 +422,7 @@ def describe() -> str:
 # prints with --json. Each is the output of one SQL view of traceanalyzer/analyses/sql/; the view's
 # columns must be exactly these (a test checks it). Bump RESULTS_VERSION when one changes.
 
-RESULTS_VERSION = "1.0"
+RESULTS_VERSION = "1.1"
 
 
 def _r(name: str, doc: str, cols: list[tuple]) -> Table:
@@ -456,6 +456,8 @@ RESULTS: dict[str, Table] = {t.name: t for t in (
         ("steps", I64, "", "steps in the window"), ("steps_flagged", I64, "", "steps above the thresholds"),
         ("pattern", STR, "", "persistent or sporadic"), ("phase", STR, "", "phase where it was slower than its peers"),
         ("phase_excess_ns_per_step", F64, _NS, "median excess over its peers in that phase"),
+        ("annotation", STR, "", "innermost user annotation (record_function range) of that phase holding the most excess"),
+        ("annotation_excess_ns_per_step", F64, _NS, "median excess over its peers in that annotation (exclusive time)"),
         ("rank_order", I64, "", "1 = costliest")]),
     _r("phases", "Forward / backward / sync / optimizer time per rank and step.", _RUN_RANK + [
         ("step", I32, "", "ProfilerStep"), ("step_start_ns", I64, _NS, "step start"), ("step_end_ns", I64, _NS, "step end"),
@@ -519,26 +521,28 @@ RESULTS: dict[str, Table] = {t.name: t for t in (
         ("stream", I64, "", "GPU stream"), ("launches", I64, "", "launches"), ("max_queue", F64, "", "largest queue"),
         ("mean_queue", F64, "", "time-weighted mean queue length")]),
     _r("pipeline_shape", "Detected pipeline: stages, stages per rank, micro-batches, schedule.", [
-        ("run", STR, "", "run name"), ("n_stages", I64, "", "pipeline ranks (p)"), ("stages_per_rank", I64, "", "v"),
+        ("run", STR, "", "run name"), ("pipeline_id", I32, "", "the pipeline (connected component of the p2p graph): its smallest global rank"),
+        ("n_stages", I64, "", "pipeline ranks (p)"), ("stages_per_rank", I64, "", "v"),
         ("microbatches", F64, "", "m"), ("schedule", STR, "", "gpipe, 1f1b or interleaved1f1b"),
         ("theoretical_bubble_pct", F64, "%", "(p-1)/(v*m+p-1)")]),
     _r("pipeline_bubbles", "Idle time of each pipeline stage per step, split by cause.", _RUN_RANK + [
-        ("stage", I64, "", "position in the pipeline"), ("step", I32, "", "ProfilerStep"), ("step_ns", I64, _NS, "step"),
+        ("pipeline_id", I32, "", "the rank's pipeline (smallest global rank)"), ("stage", I64, "", "position in the pipeline"), ("step", I32, "", "ProfilerStep"), ("step_ns", I64, _NS, "step"),
         ("busy_ns", I64, _NS, "compute"), ("idle_ns", I64, _NS, "step - compute"),
         ("warmup_ns", I64, _NS, "before its first compute"), ("cooldown_ns", I64, _NS, "after its last compute"),
         ("stall_ns", I64, _NS, "waiting on a p2p peer in between"), ("other_idle_ns", I64, _NS, "own host-side delays"),
         ("bubble_pct", F64, "%", "idle / step"), ("theoretical_bubble_pct", F64, "%", "for the detected schedule"),
         ("schedule", STR, "", "detected schedule"), ("microbatches", F64, "", "detected m")]),
     _r("pipeline_slow_stages", "Pipeline stages whose own time exceeds the others' (slow stage first).", _RUN_RANK + [
-        ("stage", I64, "", "position"), ("own_ns_per_step", F64, _NS, "compute + own delays, median over steps"),
-        ("others_own_ns_per_step", F64, _NS, "median of the other stages"), ("excess_ns_per_step", F64, _NS, "own - others"),
+        ("pipeline_id", I32, "", "the rank's pipeline (smallest global rank)"), ("stage", I64, "", "position"), ("own_ns_per_step", F64, _NS, "compute + own delays, median over steps"),
+        ("others_own_ns_per_step", F64, _NS, "median of the other stages of its pipeline"), ("excess_ns_per_step", F64, _NS, "own - others"),
         ("excess_pct", F64, "%", "of the median step"), ("stall_caused_ns_per_step", F64, _NS, "stalls charged to it"),
         ("is_finding", BOOL, "", "above slow_stage_min_excess_pct"), ("rank_order", I64, "", "1 = largest excess")]),
     _r("critical_path", "Cross-rank critical path of each step, one row per hop (latest first).", [
         ("run", STR, "", "run name"), ("step", I32, "", "ProfilerStep"), ("hop", I64, "", "0 = the hop that ends the step"),
         ("rank", I32, "", "rank whose own time this is"), ("lo_ns", I64, _NS, "hop start"), ("hi_ns", I64, _NS, "hop end"),
-        ("dur_ns", I64, _NS, "hop length"), ("via_pg", STR, "", "collective the path entered this rank through"),
-        ("via_seq", I64, "", "its seq")]),
+        ("dur_ns", I64, _NS, "hop length"), ("via_op", STR, "", "how the path entered this rank: the collective's op, or 'recv' (a receive that waited for this rank's send)"),
+        ("via_pg", STR, "", "its process group"),
+        ("via_seq", I64, "", "its seq (collective) or p2p_seq (receive)")]),
     _r("critical_path_summary", "Time on each step's critical path per rank and activity.", [
         ("run", STR, "", "run name"), ("step", I32, "", "ProfilerStep"), ("rank", I32, "", "rank"),
         ("label", STR, "", "compute, comm, memory or idle"), ("path_ns", F64, _NS, "time on the path"),

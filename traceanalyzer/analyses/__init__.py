@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 #: SQL modules in dependency order.
-MODULES = ("clock_offsets", "collectives", "phases", "stragglers", "activity", "overlap", "breakdown", "imbalance", "gpu", "bubbles", "hta_compat")
+MODULES = ("clock_offsets", "step_alignment", "collectives", "p2p", "phases", "annotations", "stragglers", "activity", "overlap", "breakdown", "imbalance", "gpu", "bubbles", "hta_compat")
 
 #: Named parameters of the SQL modules: name -> (default, meaning). Units are in the names.
 PARAMETERS: dict[str, tuple[Any, str]] = {
@@ -67,6 +67,12 @@ def _query(store_or_con, sql: str, run: str | None, params: dict) -> pd.DataFram
     con = prepare(_connect(store_or_con), **params)
     where = "" if run is None else " WHERE run = $run"
     return con.execute(sql.format(where=where), {"run": run} if run is not None else {}).df()
+
+
+def step_alignment(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
+    """Per rank and trace window: each ProfilerStep number and the aligned step (the same
+    iteration's number on every rank, from the collectives and p2p transfers the steps share)."""
+    return _query(store_or_con, "SELECT * FROM step_alignment{where} ORDER BY run, rank, window_id, step", run, params)
 
 
 def collectives(store_or_con, run: str | None = None, **params) -> pd.DataFrame:

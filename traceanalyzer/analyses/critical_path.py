@@ -1,15 +1,23 @@
-"""Critical path of a step across ranks, through the collectives that synchronise them.
+"""Critical path of a step across ranks, through the collectives and the point-to-point
+transfers that synchronise them.
 
 HTA's critical path stays inside one rank. Across ranks the question is: which chain of work,
 hopping between ranks at synchronisation points, decided when the step ended? We walk it backwards:
 
 1. start on the rank whose step ended last, at its step end;
-2. on the current rank, find the latest collective whose last arrival is before the current time
-   (the last moment this rank had to wait for someone); the time from that last arrival to the
-   current time is the rank's own work and lies on the path;
-3. jump to that collective's last arriver, at its arrival time: it is the one the others waited
-   for, so the path continues on it; repeat from 2;
-4. when no earlier collective exists, the path runs back to the start of the step on that rank.
+2. on the current rank, find the latest synchronisation point released before the current time
+   at which this rank waited for another one:
+   * a collective whose last arrival is before the current time and whose last arriver is
+     another rank (collectives.sql), or
+   * a receive that returned before the current time and whose send was posted after the
+     receive (p2p.sql: the receiver waited for the sender, as a pipeline stage waits for the
+     activations of the stage before it or the gradients of the stage after it);
+   the time from that release to the current time is the rank's own work and lies on the path;
+3. jump to the rank waited for (the collective's last arriver, the receive's sender) at the moment
+   it arrived (its arrival at the collective, the posting of its send): the work it did before
+   that decided the release, so the path continues on it; repeat from 2;
+4. when no earlier synchronisation point exists, the path runs back to the start of the step on
+   that rank.
 
 Each piece of the path is split by what the rank was doing (compute / comm / memory / idle, from
 activity.sql's labelled segments), so the result says how much of the step's critical path was
@@ -18,13 +26,25 @@ compute on which rank, exposed communication, or idle waiting for the host.
 from __future__ import annotations
 
 import bisect
+from dataclasses import dataclass
 
-import numpy as np
 import pandas as pd
 
 from . import _connect, prepare
 
-_COLS = ["run", "step", "hop", "rank", "lo_ns", "hi_ns", "dur_ns", "via_pg", "via_seq"]
+_COLS = ["run", "step", "hop", "rank", "lo_ns", "hi_ns", "dur_ns", "via_op", "via_pg", "via_seq"]
+
+
+@dataclass(frozen=True)
+class _Sync:
+    """A moment ``release_ns`` at which a rank was released by ``next_rank``, which arrived at
+    ``next_ns``; ``via_*`` name the collective (op, pg, seq) or the receive (recv, pg, p2p_seq)."""
+    release_ns: int
+    next_rank: int
+    next_ns: int
+    via_op: str
+    via_pg: str
+    via_seq: int
 
 
 def critical_path(store_or_con, run: str | None = None, step: int | None = None, **params) -> pd.DataFrame:
@@ -33,62 +53,58 @@ def critical_path(store_or_con, run: str | None = None, step: int | None = None,
     con = prepare(_connect(store_or_con), **params)
     where, args = _where(run, step)
     steps = con.execute(f"""SELECT run, rank, step, step_start_ns, step_end_ns FROM step_phases WHERE true {where}""", args).df()
-    coll = con.execute(f"""SELECT run, step, pg, seq, rank, arrival_ns, last_arrival_ns FROM collective_ranks
-                           WHERE n_ranks > 1 AND step IS NOT NULL {where}""", args).df()
-    last = con.execute(f"""SELECT run, step, pg, seq, last_arriver FROM collective_instances
-                           WHERE n_ranks > 1 AND step IS NOT NULL {where}""", args).df()
+    # where each rank waited: collectives it did not arrive last at, receives posted before their send
+    sync = con.execute(f"""
+        SELECT r.run, r.step, r.rank, r.last_arrival_ns AS release_ns, i.last_arriver AS next_rank,
+               l.arrival_ns AS next_ns, i.op AS via_op, r.pg AS via_pg, r.seq AS via_seq
+        FROM collective_ranks r JOIN collective_instances i USING (run, pg, seq)
+        JOIN collective_ranks l ON l.run = r.run AND l.pg = r.pg AND l.seq = r.seq AND l.rank = i.last_arriver
+        WHERE r.n_ranks > 1 AND r.step IS NOT NULL AND i.last_arriver <> r.rank {_where(run, step, 'r.')[0]}
+        UNION ALL
+        SELECT run, step, dst_rank, recv_release_ns, src_rank, send_arrival_ns, 'recv', pg, p2p_seq
+        FROM p2p_transfers WHERE step IS NOT NULL AND recv_wait_ns > 0 {where}""", args).df()
     rows = []
-    coll_by_step = {k: g for k, g in coll.groupby(["run", "step"], sort=False)}
-    last_by_step = {k: g.set_index(["pg", "seq"])["last_arriver"] for k, g in last.groupby(["run", "step"], sort=False)}
+    sync_by_step = {k: g for k, g in sync.groupby(["run", "step"], sort=False)}
     for (run_name, step_no), st in steps.groupby(["run", "step"], sort=True):
-        c = coll_by_step.get((run_name, step_no), coll.iloc[0:0])
-        l = last_by_step.get((run_name, step_no), pd.Series(dtype="int64"))
-        rows += _walk(run_name, int(step_no), st.set_index("rank"), c, l)
+        rows += _walk(run_name, int(step_no), st.set_index("rank"), sync_by_step.get((run_name, step_no), sync.iloc[0:0]))
     return pd.DataFrame(rows, columns=_COLS)
 
 
-def _where(run, step):
+def _where(run, step, prefix: str = ""):
     where, args = "", {}
     if run is not None:
-        where += " AND run = $run"
+        where += f" AND {prefix}run = $run"
         args["run"] = run
     if step is not None:
-        where += " AND step = $step"
+        where += f" AND {prefix}step = $step"
         args["step"] = step
     return where, args
 
 
-def _walk(run: str, step: int, st: pd.DataFrame, coll: pd.DataFrame, last_arriver: pd.Series) -> list[dict]:
-    # per rank: its collectives sorted by last arrival (the moments it was released)
-    by_rank = {}
-    for rank, g in coll.groupby("rank"):
-        g = g.sort_values("last_arrival_ns")
-        by_rank[rank] = (g["last_arrival_ns"].to_numpy(), g[["pg", "seq"]].to_numpy(), g["arrival_ns"].to_numpy())
-    arrival = {(pg, int(seq), int(r)): int(a) for pg, seq, r, a in
-               zip(coll["pg"], coll["seq"], coll["rank"], coll["arrival_ns"])}
-    last_arriver = {(pg, int(seq)): int(r) for (pg, seq), r in last_arriver.items()}
+def _walk(run: str, step: int, st: pd.DataFrame, sync: pd.DataFrame) -> list[dict]:
+    # per rank: the moments it was released by another rank, sorted
+    by_rank: dict[int, list[_Sync]] = {}
+    for rank, g in sync.groupby("rank"):
+        by_rank[int(rank)] = sorted((_Sync(int(r.release_ns), int(r.next_rank), int(r.next_ns), r.via_op,
+                                           str(r.via_pg), int(r.via_seq)) for r in g.itertuples()),
+                                    key=lambda x: (x.release_ns, x.next_ns))
+    releases = {r: [x.release_ns for x in xs] for r, xs in by_rank.items()}
     rank = int(st["step_end_ns"].idxmax())
     t = int(st.loc[rank, "step_end_ns"])
     rows, hop, seen = [], 0, set()
     while True:
-        releases, keys, _ = by_rank.get(rank, (np.array([]), np.empty((0, 2)), np.array([])))
-        i = bisect.bisect_right(releases, t) - 1
-        # skip collectives where this rank did not wait (it arrived last itself): keep walking back
-        while i >= 0 and last_arriver.get((keys[i][0], int(keys[i][1])), rank) == rank:
-            i -= 1
+        i = bisect.bisect_right(releases.get(rank, []), t) - 1
         start = int(st.loc[rank, "step_start_ns"]) if rank in st.index else t
         if i < 0 or (rank, i) in seen:
             rows.append(dict(run=run, step=step, hop=hop, rank=rank, lo_ns=min(start, t), hi_ns=t,
-                             dur_ns=max(t - start, 0), via_pg=None, via_seq=None))
+                             dur_ns=max(t - start, 0), via_op=None, via_pg=None, via_seq=None))
             return rows
         seen.add((rank, i))
-        release = int(releases[i])
-        pg, seq = keys[i]
-        rows.append(dict(run=run, step=step, hop=hop, rank=rank, lo_ns=release, hi_ns=t, dur_ns=t - release,
-                         via_pg=pg, via_seq=int(seq)))
+        x = by_rank[rank][i]
+        rows.append(dict(run=run, step=step, hop=hop, rank=rank, lo_ns=x.release_ns, hi_ns=t, dur_ns=t - x.release_ns,
+                         via_op=x.via_op, via_pg=x.via_pg, via_seq=x.via_seq))
         hop += 1
-        nxt = last_arriver[(pg, int(seq))]
-        rank, t = nxt, arrival.get((pg, int(seq), nxt), release)
+        rank, t = x.next_rank, min(x.next_ns, x.release_ns)
 
 
 def critical_path_summary(store_or_con, run: str | None = None, step: int | None = None,

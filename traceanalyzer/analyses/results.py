@@ -189,7 +189,9 @@ def format_text(results: dict[str, pd.DataFrame], params: dict) -> str:
             sh = sel["pipeline_shape"].iloc[0]
             b = sel.get("pipeline_bubbles", pd.DataFrame())
             measured = f", measured {b['bubble_pct'].median():.1f}% idle per stage (median)" if not b.empty else ""
-            lines.append(f"pipeline: {sh.n_stages} stages x {sh.stages_per_rank}, {sh.microbatches:g} micro-batches, "
+            n_pipes = len(sel["pipeline_shape"])  # PP x DP: one pipeline per replica (the first is shown)
+            many = f"{n_pipes} pipelines (first: ranks from {sh.pipeline_id}), each " if n_pipes > 1 else ""
+            lines.append(f"pipeline: {many}{sh.n_stages} stages x {sh.stages_per_rank}, {sh.microbatches:g} micro-batches, "
                          f"{sh.schedule}: theoretical bubble {sh.theoretical_bubble_pct:.1f}%{measured}")
             slow = sel.get("pipeline_slow_stages", pd.DataFrame())
             slow = slow[slow["is_finding"]] if not slow.empty else slow

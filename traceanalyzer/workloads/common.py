@@ -16,6 +16,7 @@ BACKEND = "gloo"  # CPU-only reference runs
 DEFAULT_STEPS = 6  # wait 1 + warmup 1 + active 3 + 1 spare: exactly one profiling window
 MODELS = ("mlp", "transformer")
 DEFAULT_IMBALANCE_FACTOR = 2.0
+DELAY_ANNOTATION = "slow_rank_delay"  # the user annotation of the sleep with --annotate-delay
 
 
 def add_common_args(p: argparse.ArgumentParser) -> None:
@@ -30,6 +31,9 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slow-rank", type=int, default=None, help="rank to slow down (straggler)")
     p.add_argument("--slow-ms", type=float, default=0.0,
                    help="sleep per forward on --slow-rank (pipeline: per micro-batch forward)")
+    p.add_argument("--annotate-delay", action="store_true",
+                   help=f"ddp: wrap the --slow-ms sleep in record_function({DELAY_ANNOTATION!r}), as a user "
+                        "would name a region (default: the sleep is not annotated)")
     p.add_argument("--imbalance-rank", type=int, default=None,
                    help="rank given more work than the others (what 'more' is depends on the workload)")
     p.add_argument("--imbalance-factor", type=float, default=DEFAULT_IMBALANCE_FACTOR,
@@ -117,16 +121,23 @@ def layout(*, dp: int = 1, tp: int = 1, pp: int = 1, ep: int = 1, cp: int = 1,
 class Straggler(torch.nn.Module):
     """Wraps a model; sleeps in its forward, making this rank a real straggler.
 
-    The sleep is deliberately not annotated in the trace: the analyzer must find
-    the straggler from its effect on the collectives, as with a real one.
+    By default the sleep is deliberately not annotated in the trace: the analyzer must
+    find the straggler from its effect on the collectives, as with a real one. With
+    ``annotate=True`` (``--annotate-delay``) it runs inside a user annotation named
+    DELAY_ANNOTATION, as a user's ``record_function`` region would.
     """
 
-    def __init__(self, model: torch.nn.Module, delay_s: float):
+    def __init__(self, model: torch.nn.Module, delay_s: float, annotate: bool = False):
         super().__init__()
         self.model = model
         self.delay_s = delay_s
+        self.annotate = annotate
 
     def forward(self, *inputs):
         if self.delay_s > 0:
-            time.sleep(self.delay_s)
+            if self.annotate:
+                with torch.profiler.record_function(DELAY_ANNOTATION):
+                    time.sleep(self.delay_s)
+            else:
+                time.sleep(self.delay_s)
         return self.model(*inputs)

@@ -30,13 +30,15 @@ def run(args: argparse.Namespace) -> None:
     rank, world = common.init_distributed(args.seed, pin=args.pin)
     common.check_rank_flags(args, world)
     work = common.imbalance_factor(args, rank)
-    model = common.Straggler(models.build(args.model), common.straggler_delay_s(args, rank))
+    model = common.Straggler(models.build(args.model), common.straggler_delay_s(args, rank),
+                             annotate=args.annotate_delay)
     ddp = DDP(model, bucket_cap_mb=args.bucket_mb)
     opt = torch.optim.SGD(ddp.parameters(), lr=LR)
     data = torch.Generator().manual_seed(args.seed + 1 + rank)
     overlap = not args.no_overlap
     ground_truth = {"workload": "ddp", "model": args.model, "steps": args.steps,
                     "bucket_mb": args.bucket_mb, "overlap": overlap, "batch": models.BATCH,
+                    "delay_annotation": common.DELAY_ANNOTATION if args.annotate_delay else None,
                     **common.fault_ground_truth(args)}
     layout = common.layout(dp=world)
     with collect.profile(**common.profile_kwargs(args), layout=layout,

@@ -1,8 +1,14 @@
 """Pipeline-parallel training (torch.distributed.pipelining) on gloo: GPipe, 1F1B, Interleaved1F1B.
 
-One pipeline over all ranks (pp = world size, no data parallelism). Stage s runs on
-rank s % world: one stage per rank for gpipe/1f1b, `--stages-per-rank v` stages per
-rank (s, s + world, ...) for interleaved1f1b, as ScheduleInterleaved1F1B expects.
+One pipeline over all ranks by default (pp = world size, no data parallelism). With
+`--dp D` the world is D pipeline replicas of pp = world / D ranks each (PP x DP): replica
+d is global ranks d*pp .. d*pp + pp - 1, runs its own pipeline over its own process group
+(`dist.new_group`) and draws its own batches; after each step the gradients of every stage
+are averaged across the replicas with one all_reduce per stage over that stage's DP group
+(the ranks holding the same pipeline position in every replica).
+Inside a pipeline, stage s runs on pipeline rank s % pp: one stage per rank for
+gpipe/1f1b, `--stages-per-rank v` stages per rank (s, s + pp, ...) for interleaved1f1b,
+as ScheduleInterleaved1F1B expects.
 Activations and gradients move between neighbouring stages as gloo p2p: `c10d::send`
 / `c10d::recv_` enqueue ops on the caller thread with `gloo:send` / `gloo:recv` spans
 on the same thread (record_shapes=True, the collector's default, keeps the tensor
@@ -32,8 +38,9 @@ The Flight Recorder records no gloo p2p (only collectives), so p2p ops have no F
 sequence id; they are matched by (src, dst, tag) order instead.
 
 Faults (ground truth in the manifest):
-  --slow-stage S --slow-ms MS   stage S sleeps MS in every micro-batch forward
-  --slow-rank R --slow-ms MS    every stage on rank R does so
+  --slow-stage S --slow-ms MS   stage S sleeps MS in every micro-batch forward (in every
+                                replica)
+  --slow-rank R --slow-ms MS    every stage on (global) rank R does so
   --imbalance-rank R --imbalance-factor F
                                 the stages on rank R get F x --layers-per-stage
                                 layers (an uneven partition of the model)
@@ -73,6 +80,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--layers-per-stage", type=int, default=DEFAULT_LAYERS_PER_STAGE)
     p.add_argument("--slow-stage", type=int, default=None,
                    help="stage that sleeps --slow-ms in every micro-batch forward")
+    p.add_argument("--dp", type=int, default=1,
+                   help="pipeline replicas (data parallel); each runs a pipeline of world/dp ranks")
 
 
 def stage_to_rank(n_stages: int, world: int) -> list[int]:
@@ -83,43 +92,85 @@ def stage_to_rank(n_stages: int, world: int) -> list[int]:
 
 def _check(args: argparse.Namespace, world: int) -> int:
     common.check_rank_flags(args, world)
+    if args.dp < 1 or world % args.dp or world // args.dp < 2:
+        raise SystemExit(f"--dp {args.dp}: the {world} ranks must split into dp pipelines of "
+                         "at least 2 ranks each")
     if args.stages_per_rank < 1 or (args.stages_per_rank > 1 and args.schedule != "interleaved1f1b"):
         raise SystemExit(f"--stages-per-rank {args.stages_per_rank}: only interleaved1f1b "
                          "runs more than one stage per rank")
-    n_stages = world * args.stages_per_rank
+    n_stages = world // args.dp * args.stages_per_rank
     if args.slow_stage is not None and not 0 <= args.slow_stage < n_stages:
         raise SystemExit(f"--slow-stage {args.slow_stage}: the pipeline has {n_stages} stages")
     return n_stages
 
 
+def groups(world: int, dp: int) -> tuple[list[list[int]], list[list[int]]]:
+    """(pipelines, dp_groups): the global ranks of each replica's pipeline (indexed by
+    pipeline rank) and of each pipeline position's data-parallel group (indexed by replica)."""
+    pp = world // dp
+    pipelines = [list(range(d * pp, (d + 1) * pp)) for d in range(dp)]
+    return pipelines, [[pipe[k] for pipe in pipelines] for k in range(pp)]
+
+
+def _new_groups(world: int, dp: int, rank: int):
+    """Create every pipeline and DP group (each rank must create all of them, in one order);
+    returns this rank's (pipeline group, DP group), both None when dp == 1."""
+    if dp == 1:
+        return None, None
+    pipelines, dp_groups = groups(world, dp)
+    mine = [dist.new_group(g) for g in pipelines], [dist.new_group(g) for g in dp_groups]
+    pp = world // dp
+    return mine[0][rank // pp], mine[1][rank % pp]
+
+
+def _all_reduce_grads(stage_params: list[list[torch.nn.Parameter]], group, dp: int) -> None:
+    """Average each stage's gradients over its DP group: one flat all_reduce per stage."""
+    for params in stage_params:
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads:
+            continue
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=group)
+        flat /= dp
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+
 def run(args: argparse.Namespace) -> None:
     rank, world = common.init_distributed(args.seed, pin=args.pin)
     n_stages = _check(args, world)
-    placement = stage_to_rank(n_stages, world)
-    mine = [s for s in range(n_stages) if placement[s] == rank]
+    pp, dp = world // args.dp, args.dp
+    replica, pp_rank = rank // pp, rank % pp
+    pp_group, dp_group = _new_groups(world, dp, rank)
+    placement = stage_to_rank(n_stages, pp)  # stage -> pipeline rank (global: + replica * pp)
+    mine = [s for s in range(n_stages) if placement[s] == pp_rank]
     layers = {s: common.scaled(args.layers_per_stage,
-                               common.imbalance_factor(args, placement[s]))
+                               common.imbalance_factor(args, replica * pp + placement[s]))
               for s in range(n_stages)}
     slow_s = args.slow_ms / 1000.0
-    stages, params = [], []
+    stages, params, stage_params = [], [], []
     for s in mine:
         torch.manual_seed(args.seed + s)  # a stage's weights don't depend on the placement
         module = models.stage_module(args.model, s, n_stages, layers[s])
         delay = slow_s if s == args.slow_stage or rank == args.slow_rank else 0.0
         module = common.Straggler(module, delay)  # sleeps once per micro-batch forward
         params += list(module.parameters())
-        stages.append(PipelineStage(module, s, n_stages, torch.device("cpu")))
+        stage_params.append(list(module.parameters()))
+        stages.append(PipelineStage(module, s, n_stages, torch.device("cpu"), group=pp_group))
     schedule_cls = SCHEDULES[args.schedule]
     loss_fn = torch.nn.functional.cross_entropy
     schedule = (schedule_cls(stages, args.microbatches, loss_fn=loss_fn)
                 if args.schedule == "interleaved1f1b"
                 else schedule_cls(stages[0], args.microbatches, loss_fn=loss_fn))
     opt = torch.optim.SGD(params, lr=LR)
-    data = torch.Generator().manual_seed(args.seed + 1)  # first and last stage draw the same batch
+    # first and last stage of a replica draw the same batch; replicas draw different ones
+    data = torch.Generator().manual_seed(args.seed + 1 + replica)
     has_first, has_last = 0 in mine, n_stages - 1 in mine
 
     ground_truth = {
-        "workload": "pipeline", "model": args.model, "steps": args.steps,
+        "workload": "pipeline", "dp": dp, "model": args.model, "steps": args.steps,
         "schedule": args.schedule, "schedule_class": schedule_cls.__name__,
         "schedule_annotations": ANNOTATIONS[args.schedule],
         "microbatches": args.microbatches, "microbatch_rows": args.microbatch_rows,
@@ -127,12 +178,19 @@ def run(args: argparse.Namespace) -> None:
         "layers_per_stage": [layers[s] for s in range(n_stages)],  # stage -> rank: see layout
         **common.fault_ground_truth(args)}
     slow_stages = [s for s in range(n_stages) if args.slow_ms > 0
-                   and (s == args.slow_stage or placement[s] == args.slow_rank)]
+                   and (s == args.slow_stage or (args.slow_rank is not None
+                                                 and args.slow_rank % pp == placement[s]))]
     ground_truth.update(slow_stage=args.slow_stage if args.slow_ms > 0 else None,
                         slow_stages=slow_stages, slow_ms=args.slow_ms if slow_stages else 0.0)
-    layout = common.layout(pp=world, stages=n_stages, stage_to_rank=placement,
-                           rank_to_stages=[[s for s in range(n_stages) if placement[s] == r]
-                                           for r in range(world)])
+    # stage_to_rank: the pipeline rank of each stage (= the global rank when dp == 1);
+    # rank_to_stages: indexed by global rank; pipelines / dp_groups: global ranks (dp > 1)
+    extra = {}
+    if dp > 1:
+        pipelines, dp_groups = groups(world, dp)
+        extra = {"pipelines": pipelines, "dp_groups": dp_groups}
+    layout = common.layout(dp=dp, pp=pp, stages=n_stages, stage_to_rank=placement,
+                           rank_to_stages=[[s for s in range(n_stages) if placement[s] == r % pp]
+                                           for r in range(world)], **extra)
     with collect.profile(**common.profile_kwargs(args), layout=layout,
                          ground_truth=ground_truth) as prof:
         for _ in range(args.steps):
@@ -141,6 +199,8 @@ def run(args: argparse.Namespace) -> None:
             losses: list[torch.Tensor] = []
             schedule.step(*([x] if has_first else []), target=y if has_last else None,
                           losses=losses if has_last else None)
+            if dp > 1:
+                _all_reduce_grads(stage_params, dp_group, dp)
             opt.step()
             prof.step()
     dist.destroy_process_group()

@@ -8,7 +8,8 @@
 --     (not the gloo runloop threads), comm = the execution of each communication op (comms).
 -- A step's intervals are the events whose step is that step (GPU work: the step of the CPU call
 -- that launched it); work outside every ProfilerStep (warm-up before the first one) forms its own
--- group with step NULL, so that nothing is left out.
+-- group with step NULL, so that nothing is left out. Steps are aligned (step_alignment.sql): the
+-- same iteration has the same number on every rank.
 --
 -- The sweep: every interval contributes +1 at its start and -1 at its end for its category; equal
 -- timestamps are merged and a running sum gives, between consecutive timestamps, how many
@@ -22,7 +23,8 @@ CREATE OR REPLACE TEMP VIEW activity_intervals AS
 WITH gpu_windows AS (
     SELECT DISTINCT run, rank, window_id FROM events WHERE kind IN ('compute_kernel', 'comm_kernel')
 ),
-runloop AS (SELECT run, rank, window_id, tid FROM threads WHERE name LIKE '%gloo_runloop%')
+runloop AS (SELECT run, rank, window_id, tid FROM threads WHERE name LIKE '%gloo_runloop%'),
+raw AS (
 SELECT e.run, e.rank, e.window_id, e.step,
        CASE e.kind WHEN 'compute_kernel' THEN 'compute' WHEN 'comm_kernel' THEN 'comm' ELSE 'memory' END AS category,
        e.ts_ns AS lo_ns, e.ts_ns + e.dur_ns AS hi_ns, e.name, CAST(NULL AS BIGINT) AS comm_id
@@ -37,7 +39,10 @@ UNION ALL
 SELECT c.run, c.rank, c.window_id, coalesce(e.step, c.step), 'comm', c.start_ts_ns, c.end_ts_ns, c.exec_name, c.comm_id
 FROM comms c ANTI JOIN gpu_windows g USING (run, rank, window_id)
 LEFT JOIN events e ON e.run = c.run AND e.rank = c.rank AND e.window_id = c.window_id AND e.event_id = c.exec_event_id
-WHERE c.dur_ns > 0;
+WHERE c.dur_ns > 0
+)
+SELECT r.run, r.rank, r.window_id, coalesce(sa.aligned_step, r.step) AS step, r.category, r.lo_ns, r.hi_ns, r.name, r.comm_id
+FROM raw r LEFT JOIN step_alignment sa USING (run, rank, window_id, step);
 
 -- The sweep, as a table macro: per_step = true keeps each step's intervals apart (per-step views),
 -- false sweeps the whole window of a rank at once (per-rank views: GPU work of step N that runs

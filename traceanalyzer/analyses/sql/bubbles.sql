@@ -1,13 +1,15 @@
 -- Pipeline bubbles: per stage and step, how much of the step the stage sat idle, when, and
 -- because of whom (see ../shared/METRICS.md, "Pipeline bubbles").
 --
--- Pipeline ranks are the ranks that exchange point-to-point messages. Their order (the stage
--- order) is the order in which they first send in a step: stage 0 starts the pipeline. The
--- schedule comes from the annotations torch.distributed.pipelining emits: 'Forward i'/'Backward i'
--- (GPipe), 'PP:<stage>F<mb>' (Interleaved1F1B); none at all is 1F1B. The micro-batch count m is the
--- number of sends of the first stage in a step (or the distinct micro-batch numbers annotated),
--- v is the number of stages per rank, p the number of pipeline ranks; the theoretical bubble is
--- (p-1)/(v*m+p-1) of the step.
+-- Pipelines are the connected components of the point-to-point graph (ranks are nodes, a send or
+-- receive between two ranks is an edge): a job of several pipeline replicas (PP x DP) has one
+-- component per replica, identified by pipeline_id = its smallest global rank. Within a pipeline
+-- the stage order is the order in which its ranks first send in a step: stage 0 starts the
+-- pipeline. The schedule comes from the annotations torch.distributed.pipelining emits:
+-- 'Forward i'/'Backward i' (GPipe), 'PP:<stage>F<mb>' (Interleaved1F1B); none at all is 1F1B. The
+-- micro-batch count m is the number of sends of the pipeline's first stage in a step (or the
+-- distinct micro-batch numbers annotated), v is the number of stages per rank, p the number of
+-- ranks of the pipeline; the theoretical bubble is (p-1)/(v*m+p-1) of the step.
 -- A stage's busy time is its compute (activity.sql, merged); the idle time of the step is cut into
 --   warmup   before its first compute of the step,
 --   cooldown after its last compute,
@@ -15,56 +17,87 @@
 --            peer takes the data) was pending: charged to that peer (the upstream stage for
 --            activations, the downstream one for gradients),
 --   other    the rest of the gaps (the stage's own host-side delays).
+-- Every comparison between stages (slow stage, stall causes) stays inside one pipeline. Steps are
+-- aligned (step_alignment.sql): a stall is charged to the peer's same iteration.
 
--- Columns: run, n_stages (p), stages_per_rank (v), microbatches (m), schedule, theoretical_bubble_pct.
+-- Which pipeline each p2p rank belongs to: the connected component of the p2p graph, found by
+-- following edges from every rank until nothing new is reached (UNION drops what was seen).
+-- Columns: run, rank, pipeline_id (smallest global rank of the component).
+CREATE OR REPLACE TEMP VIEW pipeline_members AS
+WITH RECURSIVE nodes AS (SELECT DISTINCT run, rank FROM comms WHERE is_p2p),
+edges AS (
+    SELECT DISTINCT c.run, c.src_rank AS a, c.dst_rank AS b FROM comms c
+    WHERE c.is_p2p AND c.src_rank IS NOT NULL AND c.dst_rank IS NOT NULL AND c.src_rank <> c.dst_rank
+),
+both_ways AS (
+    SELECT e.run, e.a, e.b FROM edges e
+    SEMI JOIN nodes na ON na.run = e.run AND na.rank = e.a SEMI JOIN nodes nb ON nb.run = e.run AND nb.rank = e.b
+    UNION SELECT e.run, e.b, e.a FROM edges e
+    SEMI JOIN nodes na ON na.run = e.run AND na.rank = e.a SEMI JOIN nodes nb ON nb.run = e.run AND nb.rank = e.b
+),
+reach(run, rank, other) AS (
+    SELECT run, rank, rank FROM nodes
+    UNION
+    SELECT r.run, r.rank, w.b FROM reach r JOIN both_ways w ON w.run = r.run AND w.a = r.other
+)
+SELECT run, rank, min(other) AS pipeline_id FROM reach GROUP BY run, rank;
+
+-- Columns: run, pipeline_id, n_stages (p), stages_per_rank (v), microbatches (m), schedule,
+-- theoretical_bubble_pct.
 CREATE OR REPLACE TEMP VIEW pipeline_shape AS
-WITH p2p AS (SELECT DISTINCT run, rank FROM comms WHERE is_p2p),
-ann AS (
-    SELECT run,
+WITH ann AS (
+    SELECT m.run, m.pipeline_id,
            count(DISTINCT regexp_extract(name, '^Forward (\d+)$', 1)) FILTER (WHERE regexp_matches(name, '^Forward \d+$')) AS gpipe_mb,
            count(DISTINCT regexp_extract(name, '^PP:\d+F(\d+)$', 1)) FILTER (WHERE regexp_matches(name, '^PP:\d+F\d+$')) AS pp_mb,
            count(DISTINCT regexp_extract(name, '^PP:(\d+)F\d+$', 1)) FILTER (WHERE regexp_matches(name, '^PP:\d+F\d+$')) AS pp_stages
-    FROM events SEMI JOIN p2p USING (run, rank)
+    FROM events e JOIN pipeline_members m USING (run, rank)
     WHERE NOT is_gpu AND (name LIKE 'Forward %' OR name LIKE 'PP:%')
-    GROUP BY run
+    GROUP BY m.run, m.pipeline_id
 ),
-first_stage_sends AS (  -- sends per step of the rank that sends first (the first stage)
-    SELECT run, median(n) AS m FROM (
-        SELECT run, step, rank, n, row_number() OVER (PARTITION BY run, step ORDER BY first_ts) AS k
-        FROM (SELECT run, step, rank, count(*) AS n, min(enqueue_ts_ns) AS first_ts FROM comms
-              WHERE op = 'send' AND step IS NOT NULL GROUP BY run, step, rank))
-    WHERE k = 1 GROUP BY run
+first_stage_sends AS (  -- sends per step of the rank that sends first (the first stage), per pipeline
+    SELECT run, pipeline_id, median(n) AS m FROM (
+        SELECT run, pipeline_id, step, rank, n,
+               row_number() OVER (PARTITION BY run, pipeline_id, step ORDER BY first_ts) AS k
+        FROM (SELECT c.run, m.pipeline_id, a.aligned_step AS step, c.rank, count(*) AS n, min(c.enqueue_ts_ns) AS first_ts
+              FROM comms c JOIN pipeline_members m USING (run, rank)
+              JOIN step_alignment a USING (run, rank, window_id, step)
+              WHERE c.op = 'send' GROUP BY ALL))
+    WHERE k = 1 GROUP BY run, pipeline_id
 ),
 shape AS (
-    SELECT p.run, count(*) AS n_stages,
+    SELECT p.run, p.pipeline_id, count(*) AS n_stages,
            CASE WHEN coalesce(any_value(a.pp_mb), 0) > 0 THEN 'interleaved1f1b'
                 WHEN coalesce(any_value(a.gpipe_mb), 0) > 0 THEN 'gpipe' ELSE '1f1b' END AS schedule,
            coalesce(nullif(any_value(a.pp_mb), 0), nullif(any_value(a.gpipe_mb), 0), any_value(f.m)) AS microbatches,
            greatest(coalesce(any_value(a.pp_stages), 0) // count(*), 1) AS stages_per_rank
-    FROM p2p p LEFT JOIN ann a USING (run) LEFT JOIN first_stage_sends f USING (run)
-    GROUP BY p.run
+    FROM pipeline_members p LEFT JOIN ann a USING (run, pipeline_id) LEFT JOIN first_stage_sends f USING (run, pipeline_id)
+    GROUP BY p.run, p.pipeline_id
 )
-SELECT run, n_stages, stages_per_rank, microbatches, schedule,
+SELECT run, pipeline_id, n_stages, stages_per_rank, microbatches, schedule,
        100.0 * (n_stages - 1) / (stages_per_rank * microbatches + n_stages - 1) AS theoretical_bubble_pct
 FROM shape WHERE n_stages > 1;
 
--- Stage order: rank -> position in the pipeline (0 = first), from the time of its first send.
+-- Stage order: rank -> position in its pipeline (0 = first), from the time of its first send.
+-- Columns: run, rank, pipeline_id, stage.
 CREATE OR REPLACE TEMP VIEW pipeline_stages AS
-SELECT run, rank, row_number() OVER (PARTITION BY run ORDER BY median(first_send)) - 1 AS stage
+SELECT run, rank, pipeline_id,
+       row_number() OVER (PARTITION BY run, pipeline_id ORDER BY median(first_send), rank) - 1 AS stage
 FROM (SELECT c.run, c.rank, c.step, min(c.enqueue_ts_ns) - any_value(s.start_ts_ns) AS first_send
       FROM comms c JOIN steps s USING (run, rank, window_id, step)
       WHERE c.op = 'send' GROUP BY ALL)
-SEMI JOIN pipeline_shape USING (run)
-GROUP BY run, rank;
+JOIN pipeline_members USING (run, rank)
+SEMI JOIN pipeline_shape USING (run, pipeline_id)
+GROUP BY run, rank, pipeline_id;
 
 -- Idle stretches of each stage in each step, classified.
 -- Columns: run, rank, stage, step, kind (warmup/cooldown/stall/other), caused_by_rank (stalls),
 -- lo_ns, hi_ns, dur_ns.
 CREATE OR REPLACE TEMP VIEW pipeline_idle AS
 WITH busy AS (  -- merged compute of the stage inside its step
-    SELECT a.run, a.rank, s.step, s.start_ts_ns AS s0, s.end_ts_ns AS s1, a.lo_ns, a.hi_ns
-    FROM activity_segments a JOIN steps s USING (run, rank, window_id, step)
-    SEMI JOIN pipeline_stages ps USING (run, rank)
+    SELECT a.run, a.rank, s.aligned_step AS step, s.start_ts_ns AS s0, s.end_ts_ns AS s1, a.lo_ns, a.hi_ns
+    FROM activity_segments a JOIN aligned_steps s
+      ON s.run = a.run AND s.rank = a.rank AND s.window_id = a.window_id AND s.aligned_step = a.step
+    SEMI JOIN pipeline_stages ps ON ps.run = a.run AND ps.rank = a.rank
     WHERE a.n_compute > 0
 ),
 islands AS (
@@ -111,11 +144,11 @@ FROM gaps g JOIN pipeline_stages st USING (run, rank)
 LEFT JOIN per_gap p USING (run, rank, step, lo_ns, hi_ns)
 WHERE g.kind = 'gap' AND g.hi_ns - g.lo_ns - coalesce(p.stall_ns, 0) > 0;
 
--- Per stage and step. Columns: run, rank, stage, step, step_ns, busy_ns, idle_ns, warmup_ns,
+-- Per stage and step. Columns: run, rank, pipeline_id, stage, step, step_ns, busy_ns, idle_ns, warmup_ns,
 -- cooldown_ns, stall_ns, other_idle_ns, bubble_pct (idle / step), theoretical_bubble_pct, schedule,
 -- microbatches.
 CREATE OR REPLACE TEMP VIEW pipeline_bubbles AS
-SELECT st.run, st.rank, st.stage, s.step, s.dur_ns AS step_ns,
+SELECT st.run, st.rank, st.pipeline_id, st.stage, s.aligned_step AS step, s.dur_ns AS step_ns,
        s.dur_ns - coalesce(sum(i.dur_ns), 0) AS busy_ns, coalesce(sum(i.dur_ns), 0) AS idle_ns,
        coalesce(sum(i.dur_ns) FILTER (WHERE i.kind = 'warmup'), 0) AS warmup_ns,
        coalesce(sum(i.dur_ns) FILTER (WHERE i.kind = 'cooldown'), 0) AS cooldown_ns,
@@ -124,47 +157,49 @@ SELECT st.run, st.rank, st.stage, s.step, s.dur_ns AS step_ns,
        100.0 * coalesce(sum(i.dur_ns), 0) / nullif(s.dur_ns, 0) AS bubble_pct,
        any_value(sh.theoretical_bubble_pct) AS theoretical_bubble_pct, any_value(sh.schedule) AS schedule,
        any_value(sh.microbatches) AS microbatches
-FROM pipeline_stages st JOIN steps s USING (run, rank) JOIN pipeline_shape sh USING (run)
-LEFT JOIN pipeline_idle i ON i.run = st.run AND i.rank = st.rank AND i.step = s.step
-GROUP BY st.run, st.rank, st.stage, s.step, s.dur_ns;
+FROM pipeline_stages st JOIN aligned_steps s USING (run, rank) JOIN pipeline_shape sh USING (run, pipeline_id)
+LEFT JOIN pipeline_idle i ON i.run = st.run AND i.rank = st.rank AND i.step = s.aligned_step
+GROUP BY st.run, st.rank, st.pipeline_id, st.stage, s.aligned_step, s.dur_ns;
 
 -- Which stage held the others up: stall time charged to each rank, summed over the stages that
--- waited for it, per step (median over steps). The slow stage comes first.
--- Columns: run, rank, stage, stall_caused_ns_per_step, stall_caused_pct (of the median step),
--- other_idle_ns_per_step (its own host-side delays), rank_order.
+-- waited for it, per step (median over steps). The slow stage comes first (per pipeline).
+-- Columns: run, rank, pipeline_id, stage, stall_caused_ns_per_step, stall_caused_pct (of the
+-- median step), other_idle_ns_per_step (its own host-side delays), rank_order (1 = the rank its
+-- pipeline stalled on most).
 CREATE OR REPLACE TEMP VIEW pipeline_stall_causes AS
 WITH caused AS (
     SELECT run, caused_by_rank AS rank, step, sum(dur_ns) AS ns FROM pipeline_idle WHERE kind = 'stall' GROUP BY ALL
 ),
 own AS (SELECT run, rank, step, sum(dur_ns) AS ns FROM pipeline_idle WHERE kind = 'other' GROUP BY ALL),
-grid AS (SELECT DISTINCT b.run, b.rank, b.stage, b.step, b.step_ns FROM pipeline_bubbles b)
-SELECT g.run, g.rank, any_value(g.stage) AS stage, median(coalesce(c.ns, 0)) AS stall_caused_ns_per_step,
+grid AS (SELECT DISTINCT b.run, b.rank, b.pipeline_id, b.stage, b.step, b.step_ns FROM pipeline_bubbles b)
+SELECT g.run, g.rank, any_value(g.pipeline_id) AS pipeline_id, any_value(g.stage) AS stage, median(coalesce(c.ns, 0)) AS stall_caused_ns_per_step,
        100.0 * median(coalesce(c.ns, 0)) / nullif(median(g.step_ns), 0) AS stall_caused_pct,
        median(coalesce(o.ns, 0)) AS other_idle_ns_per_step,
-       row_number() OVER (PARTITION BY g.run ORDER BY median(coalesce(c.ns, 0)) DESC) AS rank_order
+       row_number() OVER (PARTITION BY g.run, any_value(g.pipeline_id) ORDER BY median(coalesce(c.ns, 0)) DESC, g.rank) AS rank_order
 FROM grid g LEFT JOIN caused c USING (run, rank, step) LEFT JOIN own o USING (run, rank, step)
 GROUP BY g.run, g.rank;
 
 -- The slow stage: a stage whose own time (compute + its own host-side delays, i.e. the step minus
--- its stalls, warm-up and cool-down) exceeds the median of the other stages by at least
+-- its stalls, warm-up and cool-down) exceeds the median of the other stages of its pipeline by at least
 -- slow_stage_min_excess_pct of the median step time (default 10), median over steps. Waiting never
 -- makes a stage slow; the stages it held up show the stalls charged to it (pipeline_stall_causes).
--- Columns: run, rank, stage, own_ns_per_step, others_own_ns_per_step, excess_ns_per_step,
--- excess_pct, stall_caused_ns_per_step, is_finding, rank_order (1 = largest excess).
+-- Columns: run, rank, pipeline_id, stage, own_ns_per_step, others_own_ns_per_step,
+-- excess_ns_per_step, excess_pct, stall_caused_ns_per_step, is_finding, rank_order (1 = largest
+-- excess in the run, all pipelines together).
 CREATE OR REPLACE TEMP VIEW pipeline_slow_stages AS
-WITH own AS (SELECT run, rank, stage, step, step_ns, busy_ns + other_idle_ns AS own_ns FROM pipeline_bubbles),
+WITH own AS (SELECT run, rank, pipeline_id, stage, step, step_ns, busy_ns + other_idle_ns AS own_ns FROM pipeline_bubbles),
 cmp AS (
-    SELECT a.run, a.rank, a.stage, a.step, a.step_ns, a.own_ns, median(b.own_ns) AS others_ns
-    FROM own a JOIN own b ON a.run = b.run AND a.step = b.step AND a.rank <> b.rank
-    GROUP BY a.run, a.rank, a.stage, a.step, a.step_ns, a.own_ns
+    SELECT a.run, a.rank, a.pipeline_id, a.stage, a.step, a.step_ns, a.own_ns, median(b.own_ns) AS others_ns
+    FROM own a JOIN own b ON a.run = b.run AND a.pipeline_id = b.pipeline_id AND a.step = b.step AND a.rank <> b.rank
+    GROUP BY a.run, a.rank, a.pipeline_id, a.stage, a.step, a.step_ns, a.own_ns
 ),
 per_rank AS (
-    SELECT run, rank, any_value(stage) AS stage, median(own_ns) AS own_ns_per_step,
+    SELECT run, rank, any_value(pipeline_id) AS pipeline_id, any_value(stage) AS stage, median(own_ns) AS own_ns_per_step,
            median(others_ns) AS others_own_ns_per_step, median(own_ns - others_ns) AS excess_ns_per_step,
            100.0 * median(own_ns - others_ns) / nullif(median(step_ns), 0) AS excess_pct
     FROM cmp GROUP BY run, rank
 )
 SELECT p.*, c.stall_caused_ns_per_step,
        p.excess_pct >= getvariable('slow_stage_min_excess_pct') AS is_finding,
-       row_number() OVER (PARTITION BY p.run ORDER BY p.excess_ns_per_step DESC) AS rank_order
+       row_number() OVER (PARTITION BY p.run ORDER BY p.excess_ns_per_step DESC, p.rank) AS rank_order
 FROM per_rank p LEFT JOIN pipeline_stall_causes c USING (run, rank);

@@ -5,7 +5,8 @@
 -- start of its execution: kernel start, gloo span start, or the CPU annotation), the latest
 -- arrival, and the earliest end. Groups without a recorded name (legacy NCCL traces) share the
 -- key '?', which is right when a job has one data-parallel group and otherwise the best we can do.
--- Clock offsets (see clock_offsets.sql) are added to every timestamp first.
+-- Clock offsets (see clock_offsets.sql) are added to every timestamp first; step is the aligned
+-- step (step_alignment.sql), the same number for the same iteration on every rank.
 
 -- Per rank and collective: arrival, end and the wait for the last peer, clock-aligned.
 -- Columns: run, pg, seq, rank, step, op, group_size, bytes (NCCL-tests convention), arrival_ns,
@@ -14,7 +15,7 @@
 -- wait_ns (last_arrival - arrival), n_ranks.
 CREATE OR REPLACE TEMP VIEW collective_ranks AS
 WITH aligned AS (
-    SELECT c.run, coalesce(c.pg_name, '?') AS pg, c.seq, c.rank, c.step, c.op,
+    SELECT c.run, coalesce(c.pg_name, '?') AS pg, c.seq, c.rank, coalesce(sa.aligned_step, c.step) AS step, c.op,
            coalesce(c.group_size, max(c.group_size) OVER (PARTITION BY c.run, coalesce(c.pg_name, '?'))) AS group_size,
            -- bytes as nccl-tests counts them: the all_gather output, the reduce_scatter input
            CASE WHEN c.op = 'all_gather' THEN coalesce(c.out_bytes, c.in_bytes * c.group_size)
@@ -23,6 +24,7 @@ WITH aligned AS (
            c.end_ts_ns + coalesce(o.offset_ns, 0) AS end_ns,
            c.dur_ns
     FROM comms c LEFT JOIN clock_offsets o ON o.run = c.run AND o.rank = c.rank
+    LEFT JOIN step_alignment sa ON sa.run = c.run AND sa.rank = c.rank AND sa.window_id = c.window_id AND sa.step = c.step
     WHERE NOT c.is_p2p AND c.seq IS NOT NULL
 )
 SELECT *,

@@ -11,11 +11,13 @@
 -- calls (inference, pipeline stages) is all 'forward'. Forward, backward, optimizer and data
 -- loading are the rank's own time; sync is waiting, so it never makes a rank a straggler.
 --
+-- step is the aligned step (step_alignment.sql): the same iteration has the same number on every
+-- rank, whatever the profiler counted (step_alignment maps it to the rank's own ProfilerStep).
 -- Columns: run, rank, step, step_start_ns, step_end_ns, step_ns, forward_ns, backward_ns, sync_ns,
 -- optimizer_ns, data_loading_ns.
 CREATE OR REPLACE TEMP VIEW step_phases AS
 WITH marks AS (
-    SELECT s.run, s.rank, s.step, s.start_ts_ns, s.end_ts_ns,
+    SELECT s.run, s.rank, s.window_id, s.step, s.start_ts_ns, s.end_ts_ns,
            min(e.ts_ns) FILTER (WHERE e.name LIKE 'autograd::engine::evaluate_function:%') AS bwd_start,
            max(e.ts_ns + e.dur_ns) FILTER (WHERE e.name LIKE 'autograd::engine::evaluate_function:%') AS bwd_end,
            min(e.ts_ns) FILTER (WHERE e.name LIKE 'Optimizer.step#%') AS opt_start,
@@ -28,14 +30,14 @@ WITH marks AS (
     GROUP BY ALL
 ),
 cuts AS (
-    SELECT run, rank, step, start_ts_ns, end_ts_ns, data_ns,
+    SELECT run, rank, window_id, step, start_ts_ns, end_ts_ns, data_ns,
            coalesce(bwd_start, opt_start, end_ts_ns) AS b0,
            least(coalesce(bwd_end, bwd_start, opt_start, end_ts_ns), coalesce(opt_start, end_ts_ns)) AS b1,
            coalesce(opt_start, end_ts_ns) AS o0
     FROM marks
 )
-SELECT run, rank, step, start_ts_ns AS step_start_ns, end_ts_ns AS step_end_ns,
+SELECT c.run, c.rank, coalesce(sa.aligned_step, c.step) AS step, start_ts_ns AS step_start_ns, end_ts_ns AS step_end_ns,
        end_ts_ns - start_ts_ns AS step_ns,
        b0 - start_ts_ns AS forward_ns, b1 - b0 AS backward_ns, o0 - b1 AS sync_ns,
        end_ts_ns - o0 AS optimizer_ns, data_ns AS data_loading_ns
-FROM cuts;
+FROM cuts c LEFT JOIN step_alignment sa USING (run, rank, window_id, step);

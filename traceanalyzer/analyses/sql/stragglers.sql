@@ -10,7 +10,8 @@
 -- its previous collective of the group minus the median gap of its peers (collectives.sql); the
 -- first collective of a group in the window, with no previous one, is charged in full. 'Where' is the phase of the step in which the rank
 -- was slower than its peers: the phase with the largest excess over the median of the other ranks
--- of the same step (phases.sql).
+-- of the same step (phases.sql); and within that phase, the innermost named range (a user's
+-- record_function, annotations.sql) holding the largest part of that excess.
 --
 -- Parameters (DuckDB variables set by traceanalyzer.analyses.stragglers):
 --   straggler_min_delay_pct  a rank is a finding when it costs at least this % of the median step
@@ -103,8 +104,10 @@ SELECT run, rank, step, phase, ns, others_ns, ns - others_ns AS excess_ns FROM o
 -- during the last step of a window, a descheduled thread) from making a finding.
 -- Columns: run, rank, delay_ns_per_step (median over steps), delay_pct (of the median step time),
 -- imposed_wait_ns_per_step, steps, steps_flagged, pattern (persistent/sporadic), phase (where it
--- was slower than its peers), phase_excess_ns_per_step (median excess in that phase), rank_order
--- (1 = costliest).
+-- was slower than its peers), phase_excess_ns_per_step (median excess in that phase), annotation
+-- (the innermost user annotation starting in that phase with the largest median excess over its
+-- peers; null when no range of the phase is longer on this rank), annotation_excess_ns_per_step,
+-- rank_order (1 = costliest).
 CREATE OR REPLACE TEMP VIEW straggler_candidates AS
 WITH per_rank AS (
     SELECT run, rank, median(delay_ns) AS delay_ns_per_step, median(imposed_wait_ns) AS imposed_wait_ns_per_step,
@@ -118,13 +121,20 @@ where_slow AS (
     SELECT run, rank, arg_max(phase, excess) AS phase, max(excess) AS phase_excess_ns_per_step
     FROM (SELECT run, rank, phase, median(excess_ns) AS excess FROM phase_excess GROUP BY ALL)
     GROUP BY ALL
+),
+where_named AS (  -- per rank and phase: the range with the largest median excess (> 0)
+    SELECT run, rank, phase, arg_max(name, excess) AS annotation, max(excess) AS annotation_excess_ns_per_step
+    FROM (SELECT run, rank, phase, name, median(excess_ns) AS excess FROM user_annotation_excess GROUP BY ALL)
+    WHERE excess > 0
+    GROUP BY ALL
 )
 SELECT p.run, p.rank, p.delay_ns_per_step, p.delay_pct, p.imposed_wait_ns_per_step, p.steps, p.steps_flagged,
        CASE WHEN 100.0 * p.steps_flagged / p.steps >= getvariable('straggler_persistent_pct') THEN 'persistent'
             ELSE 'sporadic' END AS pattern,
-       w.phase, w.phase_excess_ns_per_step,
+       w.phase, w.phase_excess_ns_per_step, n.annotation, n.annotation_excess_ns_per_step,
        100.0 * w.phase_excess_ns_per_step / nullif(p.step_ns, 0) AS phase_excess_pct
-FROM per_rank p LEFT JOIN where_slow w USING (run, rank);
+FROM per_rank p LEFT JOIN where_slow w USING (run, rank)
+LEFT JOIN where_named n ON n.run = p.run AND n.rank = p.rank AND n.phase = w.phase;
 
 CREATE OR REPLACE TEMP VIEW straggler_findings AS
 SELECT * EXCLUDE (phase_excess_pct),

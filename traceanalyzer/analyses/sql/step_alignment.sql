@@ -1,0 +1,70 @@
+-- Step alignment: which ProfilerStep of each rank is the same training step as the others'.
+--
+-- Step numbers are the profiler's (ProfilerStep#N), counted by each process: ranks that start
+-- profiling at different iterations, or a rank with several profiling windows, number the same
+-- iteration differently. The synchronisation points say which steps belong together: a collective
+-- instance (the same (pg, seq) on every member, collectives.sql) or a point-to-point transfer (a
+-- send and its receive, p2p.sql) is one moment of one iteration on every rank it involves.
+--
+-- How: nodes are trace windows (run, rank, window_id); two windows are linked when they share a
+-- synchronisation point, with d = (step of the first) - (step of the second), the most common d
+-- over their shared points (a collective links each member to the group's lowest member). From
+-- every window we walk the links (at most 32 hops), adding up d: delta(w) is what to add to w's
+-- step numbers to get the numbering of the window it was reached from. Each connected set of
+-- windows takes its lowest (rank, window) as the reference, and is then shifted so that the most
+-- common delta of the set is 0: ranks that agree keep their numbers, the odd ones are renumbered.
+-- Windows with no synchronisation point keep their own numbers. Note: gloo collectives joined
+-- without a Flight Recorder dump get their seq from the order in the window (seq_source =
+-- 'order'), which is itself only right when every rank's window starts at the same iteration.
+
+-- Columns: run, rank, window_id, step (the profiler's), aligned_step (the same iteration's number
+-- on every rank).
+CREATE OR REPLACE TEMP VIEW step_alignment AS
+WITH RECURSIVE coll AS (
+    SELECT run, coalesce(pg_name, '?') AS pg, seq, rank, window_id, step FROM comms
+    WHERE NOT is_p2p AND seq IS NOT NULL AND step IS NOT NULL
+),
+anchor AS (SELECT run, pg, seq, arg_min(rank::BIGINT * 1000000 + window_id, rank) AS node FROM coll GROUP BY ALL),
+p2p AS (
+    SELECT run, op, coalesce(pg_name, '?') AS pg, src_rank, dst_rank, tag, p2p_seq, rank, window_id, step FROM comms
+    WHERE is_p2p AND op IN ('send', 'recv') AND step IS NOT NULL AND src_rank IS NOT NULL AND dst_rank IS NOT NULL
+),
+links AS (  -- (window a, window b, d = step on a - step on b) per shared synchronisation point
+    SELECT c.run, c.rank AS a_rank, c.window_id AS a_win, b.rank AS b_rank, b.window_id AS b_win, c.step - b.step AS d
+    FROM coll c JOIN anchor x USING (run, pg, seq)
+    JOIN coll b ON b.run = c.run AND b.pg = c.pg AND b.seq = c.seq AND b.rank::BIGINT * 1000000 + b.window_id = x.node
+    WHERE c.rank <> b.rank
+    UNION ALL
+    SELECT r.run, r.rank, r.window_id, s.rank, s.window_id, r.step - s.step
+    FROM p2p r JOIN p2p s ON s.run = r.run AND s.op = 'send' AND s.rank = r.src_rank AND s.pg = r.pg
+     AND s.src_rank = r.src_rank AND s.dst_rank = r.dst_rank AND s.tag IS NOT DISTINCT FROM r.tag AND s.p2p_seq = r.p2p_seq
+    WHERE r.op = 'recv' AND r.rank = r.dst_rank
+),
+edges AS (
+    SELECT run, a_rank, a_win, b_rank, b_win, mode(d) AS d FROM links GROUP BY ALL
+),
+both_ways AS (
+    SELECT run, a_rank, a_win, b_rank, b_win, d FROM edges
+    UNION ALL SELECT run, b_rank, b_win, a_rank, a_win, -d FROM edges
+),
+nodes AS (SELECT DISTINCT run, rank, window_id FROM steps),
+reach(run, root_rank, root_win, rank, window_id, delta, hop) AS (
+    SELECT run, rank, window_id, rank, window_id, 0, 0 FROM nodes
+    UNION
+    SELECT r.run, r.root_rank, r.root_win, e.b_rank, e.b_win, r.delta + e.d, r.hop + 1
+    FROM reach r JOIN both_ways e ON e.run = r.run AND e.a_rank = r.rank AND e.a_win = r.window_id
+    WHERE r.hop < 32
+),
+component AS (  -- each window's reference: the lowest (rank, window) reaching it, by the shortest walk
+    SELECT run, rank, window_id,
+           arg_min(delta, (root_rank::BIGINT * 1000000 + root_win) * 1000 + hop) AS delta,
+           min(root_rank::BIGINT * 1000000 + root_win) AS root
+    FROM reach GROUP BY ALL
+),
+shifted AS (SELECT *, delta - mode(delta) OVER (PARTITION BY run, root) AS shift FROM component)
+SELECT s.run, s.rank, s.window_id, s.step, CAST(s.step + coalesce(x.shift, 0) AS INTEGER) AS aligned_step
+FROM steps s LEFT JOIN shifted x USING (run, rank, window_id);
+
+-- The steps table with each step's aligned number. Columns: those of steps, aligned_step.
+CREATE OR REPLACE TEMP VIEW aligned_steps AS
+SELECT s.*, a.aligned_step FROM steps s JOIN step_alignment a USING (run, rank, window_id, step);
