@@ -24,14 +24,16 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bucket-mb", type=float, default=DEFAULT_BUCKET_MB, help="DDP bucket_cap_mb")
     p.add_argument("--no-overlap", action="store_true",
                    help="allreduce grads after backward instead of during it")
+    p.add_argument("--width", type=int, default=models.MLP_HIDDEN, help="mlp hidden size")
+    p.add_argument("--depth", type=int, default=models.MLP_LAYERS, help="mlp hidden layers")
 
 
 def run(args: argparse.Namespace) -> None:
     rank, world = common.init_distributed(args.seed, pin=args.pin)
     common.check_rank_flags(args, world)
     work = common.imbalance_factor(args, rank)
-    model = common.Straggler(models.build(args.model), common.straggler_delay_s(args, rank),
-                             annotate=args.annotate_delay)
+    model = common.Straggler(models.build(args.model, width=args.width, depth=args.depth),
+                             common.straggler_delay_s(args, rank), annotate=args.annotate_delay)
     ddp = DDP(model, bucket_cap_mb=args.bucket_mb)
     opt = torch.optim.SGD(ddp.parameters(), lr=LR)
     data = torch.Generator().manual_seed(args.seed + 1 + rank)
@@ -39,6 +41,7 @@ def run(args: argparse.Namespace) -> None:
     ground_truth = {"workload": "ddp", "model": args.model, "steps": args.steps,
                     "bucket_mb": args.bucket_mb, "overlap": overlap, "batch": models.BATCH,
                     "delay_annotation": common.DELAY_ANNOTATION if args.annotate_delay else None,
+                    "width": args.width, "depth": args.depth,
                     **common.fault_ground_truth(args)}
     layout = common.layout(dp=world)
     with collect.profile(**common.profile_kwargs(args), layout=layout,
