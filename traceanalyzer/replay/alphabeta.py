@@ -149,6 +149,20 @@ def _theil_sen(x: np.ndarray, y: np.ndarray, rng, center=np.median) -> tuple[flo
     return 0.0, float(np.mean(y) / np.mean(x) if center is np.mean else np.median(y / x)), False
 
 
+def prepare_comm_views(store_or_con):
+    """A connection with the two analysis views the replay needs (clock_offsets, collectives),
+    loaded once: far cheaper than every analysis module (``analyses.prepare``)."""
+    from ..analyses import PARAMETERS, _connect, _sql
+    con = _connect(store_or_con)
+    have = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE temporary").fetchall()}
+    if not {"clock_offsets", "collective_instances"} <= have:
+        for key, (default, _) in PARAMETERS.items():
+            con.execute(f"SET VARIABLE {key} = ?", [default])
+        for name in ("clock_offsets", "collectives"):
+            con.execute(_sql(name))
+    return con
+
+
 def fit(store_or_con, run: str | None = None, shared: bool = True, busy=None, center: str = "median") -> AlphaBeta:
     """Fit alpha (ns per hop) and beta (ns per wire byte) per op from the run's measured transfers;
     ``shared``: fit the exclusive time (transfers in flight together share the time, ``_exclusive``)
@@ -160,8 +174,7 @@ def fit(store_or_con, run: str | None = None, shared: bool = True, busy=None, ce
     if center not in ("median", "mean"):
         raise TraceAnalyzerError(f"alpha-beta fit: center must be 'median' or 'mean', got {center!r}")
     cfun = np.median if center == "median" else np.mean
-    from ..analyses import _connect, prepare
-    con = prepare(_connect(store_or_con))
+    con = prepare_comm_views(store_or_con)
     if run is None:
         runs = [r for (r,) in con.execute("SELECT DISTINCT run FROM comms ORDER BY run").fetchall()]
         if len(runs) != 1:

@@ -369,8 +369,7 @@ def predict(store_or_con, run: str | None = None, bucket_mb: float | None = None
     the cap; 1 for torch's default ``bucket_cap_mb``). ``recorded_bucket_mb`` overrides the manifest.
     ``shared_core``: a rank's compute and its collectives share one core (default: True on gloo,
     where collectives run on the CPU; the reference workloads pin each rank to one core)."""
-    from ..analyses import _connect, prepare
-    con = prepare(_connect(store_or_con))
+    con = alphabeta.prepare_comm_views(store_or_con)
     if run is None:
         runs = [r for (r,) in con.execute("SELECT DISTINCT run FROM steps ORDER BY run").fetchall()]
         if len(runs) != 1:
