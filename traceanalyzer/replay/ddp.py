@@ -347,15 +347,16 @@ def _simulate(rs: list[_RankStep], cap_mb: float, first_mb: float, overlap: bool
         if not buckets:
             buckets = list(zip(range(len(ends)), bbytes, cost))
         for x, be in zip(ranks, bw_end):
-            fin = max(be, t_end)
-            pred_end = fin + fin_gap + x.post
+            # the main thread resumes after its own backward and the last bucket (plus the run's gap)
+            fin = max(be, t_end + fin_gap)
+            pred_end = fin + x.post
             res[(x.rank, step)] = pred_end - (x.start - t0)
             if timeline is not None:
                 be, fin, pred_end = be + t0, fin + t0, pred_end + t0
                 timeline += [(x.rank, "compute", "before backward", x.start, x.bw0),
                              (x.rank, "compute", "backward", x.bw0, be),
-                             (x.rank, "compute", "wait for buckets", be, fin + fin_gap),
-                             (x.rank, "compute", "optimizer and rest", fin + fin_gap, pred_end)]
+                             (x.rank, "compute", "wait for buckets", be, fin),
+                             (x.rank, "compute", "optimizer and rest", fin, pred_end)]
                 timeline += [(x.rank, "comm", f"all_reduce bucket {k} ({bbytes[k] / MIB:.2f} MiB)", s + t0, e + t0)
                              for k, (s, e) in enumerate(comm)]
     return res, buckets

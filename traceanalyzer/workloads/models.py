@@ -14,7 +14,7 @@ TF_DIM, TF_HEADS, TF_LAYERS, TF_SEQ = 64, 4, 2, 16
 
 def build(name: str, width: int = MLP_HIDDEN, depth: int = MLP_LAYERS) -> nn.Module:
     """The model `name`; `width`/`depth` (mlp only) set the hidden size and the number of hidden
-    layers, e.g. width 1024, depth 8: ~7.1 M params (~28 MB of fp32 grads), big enough for the
+    layers, e.g. width 1024, depth 8: ~7.4 M params (~28 MB of fp32 grads), big enough for the
     DDP bucket size to matter (the default mlp's 3.3 MB fits in one 25 MB bucket)."""
     if name == "mlp":
         layers, w = [], MLP_IN
