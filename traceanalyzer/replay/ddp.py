@@ -393,10 +393,19 @@ def predict(store_or_con, run: str | None = None, bucket_mb: float | None = None
     if recorded_bucket_mb is None:
         recorded_bucket_mb = gt.get("bucket_mb")
     inferred = recorded_bucket_mb is None
+    inferred_first = None
     if inferred:   # a bucket closed once it held >= the cap: the cap is at most the smallest closed bucket
         per = cm.sort_values("seq").groupby(["rank", "step"])["bytes"].apply(list)
-        closed = [b for lst in per for b in lst[:-1]]
-        recorded_bucket_mb = (min(closed) if closed else max(b for lst in per for b in lst)) / MIB
+        middle = [b for lst in per for b in lst[1:-1]]          # closed, not the (maybe smaller) first
+        firsts = [lst[0] for lst in per if len(lst) > 1]
+        if middle:
+            recorded_bucket_mb = min(middle) / MIB
+        elif firsts:
+            recorded_bucket_mb = min(firsts) / MIB
+        else:
+            recorded_bucket_mb = max(b for lst in per for b in lst) / MIB
+        if firsts and min(firsts) / MIB < recorded_bucket_mb:   # torch's small first bucket (default cap)
+            inferred_first = min(firsts) / MIB
     overlap_rec = gt.get("overlap")
     if overlap_rec is None:   # overlap: the first bucket is enqueued before backward ends
         overlap_rec = True
@@ -410,6 +419,11 @@ def predict(store_or_con, run: str | None = None, bucket_mb: float | None = None
         overlap_rec = bool(np.mean(votes) >= 0.5) if votes else True
         rs, extra = _rank_steps(d, overlap_rec)
     n_rec = int(cm["group_size"].max()) or int(d["steps"]["rank"].nunique())
+    # every rank and step must see the same gradients (one bucketing for all); drop the odd ones
+    # (a step cut by the profiling window, a missing shape)
+    n_grads = pd.Series([len(x.sizes) for x in rs]).mode().iloc[0]
+    dropped = [(x.rank, x.step) for x in rs if len(x.sizes) != n_grads]
+    rs = [x for x in rs if len(x.sizes) == n_grads]
     if shared_core is None:
         backend = con.execute("SELECT any_value(backend) FROM runs WHERE run = $run", {"run": run}).fetchone()[0]
         shared_core = str(backend or "").lower() == "gloo"
@@ -419,7 +433,8 @@ def predict(store_or_con, run: str | None = None, bucket_mb: float | None = None
     ab = alphabeta.fit(con, run, busy=busy, center="mean")
     host = _host_ns_per_byte(d, extra, overlap_rec)
     fin_gap = float(np.median([x.gap for x in rs]))
-    rec_first = first_bucket_mb if (first_bucket_mb is not None and bucket_mb is None) else recorded_bucket_mb
+    rec_first = (first_bucket_mb if (first_bucket_mb is not None and bucket_mb is None) else
+                 inferred_first if inferred_first is not None else recorded_bucket_mb)
     rec = dict(bucket_mb=float(recorded_bucket_mb), first_bucket_mb=float(rec_first), overlap=bool(overlap_rec), dp=n_rec)
     new = dict(bucket_mb=float(bucket_mb if bucket_mb is not None else rec["bucket_mb"]),
                overlap=bool(overlap if overlap is not None else rec["overlap"]), dp=int(dp if dp is not None else n_rec))
@@ -450,4 +465,5 @@ def predict(store_or_con, run: str | None = None, bucket_mb: float | None = None
     return DDPWhatIf(run=run, settings={"recorded": rec, "what_if": new, "bucket_mb_inferred": inferred},
                      steps=steps, identity_error=err, timeline=tl, buckets=buckets, alphabeta=ab,
                      stats={"used_shapes": extra["used_shapes"], "host_ns_per_byte": host,
-                            "shared_core": shared_core, "resume_gap_ns": fin_gap})
+                            "shared_core": shared_core, "resume_gap_ns": fin_gap,
+                            "dropped_rank_steps": dropped})
