@@ -110,8 +110,9 @@ def test_overlap_off_vs_real_no_overlap_run(con):
     real_on = off.job_step_ns("measured_ns")
     assert real_off > real_on                              # the real runs: off is slower
     assert off.job_step_ns() > off.job_step_ns("identity_ns")   # so is the prediction
-    # rough size only: the prediction recovers the direction, not the real 2.4x (see the report)
-    assert off.job_step_ns() < real_off
+    # rough size only: predicted 8.3 ms vs the real 22.9 ms (the real run's synchronous transfers
+    # and host copies cost 2.4x; the model, fitted on the overlapped run's transfers, gets 0.36 of it)
+    assert 0.3 < off.job_step_ns() / real_off < 1.2, (off.job_step_ns(), real_off)
     on = ddp.predict(con, "ddp_gloo_2rank_nooverlap", overlap=True)
     assert on.job_step_ns() < on.job_step_ns("identity_ns")
 

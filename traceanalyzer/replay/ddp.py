@@ -36,7 +36,14 @@ what the trace says about it, and the communication is re-planned:
   to copy it (HOST_COPY_PASSES passes over its bytes at the rate of DDP's own ``reducer::mul_out``
   copies, or, in a recorded no-overlap run, the measured gap between buckets per byte);
 * the wait at the end of backward (DDP's finalize waits for the last bucket), then the recorded
-  time after it (optimizer, the next zero_grad): kept as is.
+  time from the optimizer's start to the step end, kept as is. The main thread resumes at
+  max(its backward end, last bucket end + the run's median resume gap): on a shared core the
+  runloop thread often records a collective's end ~2 ms after the main thread already resumed,
+  so the gap can be negative.
+
+Limits: one backward per step (no gradient accumulation), no find_unused_parameters, the
+process group's collectives are all DDP buckets; rank-steps whose gradient count differs from
+the run's usual one are left out (``stats["dropped_rank_steps"]``).
 
 identity_ns is this model with the *recorded* settings (bucket size from the run's manifest, else
 inferred from the recorded bucket bytes), so identity_error is the model's real error on the trace.
