@@ -101,7 +101,7 @@ def _load(con, run: str) -> dict:
                         ORDER BY rank, seq""", p).df()
     # backward: every autograd function on the main thread; grads: AccumulateGrad (outer: ends
     # after DDP's hook; inner: carries the shape) and DDP's copy into the bucket
-    ev = con.execute(f"""SELECT e.rank, e.name, e.ts_ns, e.ts_ns + e.dur_ns AS end_ns, e.dur_ns,
+    ev = con.execute("""SELECT e.rank, e.name, e.ts_ns, e.ts_ns + e.dur_ns AS end_ns, e.dur_ns,
                                 CASE WHEN e.name IN ('torch::autograd::AccumulateGrad',
                                                      'torch::distributed::reducer::mul_out')
                                      THEN e.args_json END AS args_json
