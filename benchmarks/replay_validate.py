@@ -22,7 +22,7 @@ Scenarios (2 ranks, one per core: this machine has 2 cores):
 1. ``slow_rank``: DDP, rank 1 sleeps 10 ms per step  -> plan "idealise rank 1" vs a clean run;
 2. ``microbatches``: 1F1B with m = 4 -> predict m = 8 (same micro-batch size) vs a real m = 8 run;
 3. ``schedule``: GPipe (m = 4) -> predict 1F1B vs a real 1F1B run;
-4. ``bucket``: DDP with 25 MB buckets -> predict 4 MB vs a real 4 MB run (a ~26 MB model).
+4. ``bucket``: DDP with 25 MB buckets -> predict 4 MB vs a real 4 MB run (a 28 MB model).
 
 The pipeline and DDP predictions come from ``traceanalyzer.replay.pipeline`` and
 ``traceanalyzer.replay.ddp`` (structural what-ifs: the schedule / buckets are regenerated from
@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 STEPS = ["--steps", "9", "--prof-active", "6"]
-BIG_DDP = ["--width", "1024", "--depth", "6"]
+BIG_DDP = ["--width", "1024", "--depth", "8"]   # 7.4 M params, 28 MB of gradients
 PP = ["--microbatch-rows", "128", "--layers-per-stage", "4"]   # a few ms of compute per micro-batch
 
 SCENARIOS = {

@@ -321,16 +321,17 @@ def moe(tmp_path_factory):
 
 
 def test_moe_routing_skew_claims_its_waits_and_transfer(moe):
-    """By the estimates, the routing skew (rank 2) is the first finding: its all_to_all transfer
-    excess (transfer x (1 - 1/1.57)) plus the waits it imposed by arriving last, per step and rank.
-    Both are taken out of exposed communication, so no time is counted twice: what exposed
-    communication claims is what is left after waits, stalls and the routing excess."""
+    """By the estimates, the routing skew (rank 2: ~1.56x the mean all_to_all bytes, and a heavy
+    expert that runs ~10 ms more per step) is the first finding: its all_to_all transfer excess
+    (transfer x (1 - 1/ratio)) plus the waits it imposed by arriving last, per step and rank. Both
+    are taken out of exposed communication, so no time is counted twice: what exposed communication
+    claims is what is left after waits, stalls and the routing excess."""
     est, _ = moe
     first = est.findings[0]
     assert (first.kind, first.rank, first.title) == ("imbalance", 2, "Imbalance: rank 2 (MoE routing)")
     from traceanalyzer.report.findings import exposed_comm_per_step, routing_per_step
     rt = routing_per_step(est.data)
-    assert set(rt["rank"]) == {2} and rt["ratio"].iloc[0] == pytest.approx(1.57, abs=0.01)
+    assert set(rt["rank"]) == {2} and rt["ratio"].iloc[0] == pytest.approx(1.56, abs=0.05)
     coll = est.data.r("collectives")
     a2a = coll[coll["op"] == "all_to_all"].groupby("step")["transfer_ns"].sum()
     assert rt.set_index("step")["transfer_excess_ns"].to_dict() == pytest.approx((a2a * (1 - 1 / rt["ratio"].iloc[0])).to_dict())
@@ -341,23 +342,20 @@ def test_moe_routing_skew_claims_its_waits_and_transfer(moe):
     assert (exp["routing_ns"].to_numpy() == pytest.approx(rt["transfer_excess_ns"].to_numpy()))
     left = (exp["exposed_ns"] - exp["wait_ns"] - exp["stall_ns"] - exp["routing_ns"]).clip(lower=0)
     assert (exp["recoverable_ns"] <= left + 1).all()
-    second = est.findings[1]
-    assert second.kind == "exposed_comm" and second.recoverable_ns_per_step < first.recoverable_ns_per_step
-    # rank 2 was not the only late rank: the evidence says so (ranks 0 and 1 imposed more waits)
-    assert any(e.startswith("other ranks were late too: rank 1") for e in first.evidence)
+    assert all(f.recoverable_ns_per_step < first.recoverable_ns_per_step for f in est.findings[1:])
 
 
-def test_moe_replay_finds_no_saving_in_idealising_rank_2(moe):
-    """The replay disagrees with the estimate: idealising rank 2 does not shorten the step (its
-    skewed all_to_alls move 34 KB in ~0.1 ms; the costly all_to_alls are the balanced ones), so
-    with replay the routing finding is valued at 0 and exposed communication ranks first. The
-    finding stays, with the replay sentence and the estimate beside it."""
+def test_moe_replay_confirms_the_routing_skew(moe):
+    """With replay (the default), idealising rank 2 (its expert's extra work and its all_to_all
+    tails set to the other ranks') shortens the job step by several ms (measured 7.5 ms of ~55 ms),
+    and the routing finding stays first, valued by that saving, with the estimate beside it."""
     _, rep = moe
-    routing = next(f for f in rep.findings if f.rank == 2)
-    assert routing.recoverable_source == "replay" and routing.replay["saving_ns_per_step"] <= 0
-    assert routing.recoverable_ns_per_step == 0.0 and routing.estimate_ns_per_step > 1e6
-    assert routing.evidence[0].startswith("replay: idealising rank 2 would not shorten the step")
-    assert rep.findings[0].kind == "exposed_comm"
+    first = rep.findings[0]
+    assert (first.kind, first.rank) == ("imbalance", 2)
+    assert first.recoverable_source == "replay" and first.replay["saving_ns_per_step"] > 3e6
+    assert first.recoverable_ns_per_step == pytest.approx(first.replay["saving_ns_per_step"])
+    assert first.evidence[0].startswith("replay: idealising rank 2 would cut the step by")
+    assert first.estimate_ns_per_step > 1e6
 
 
 def test_markdown_links_resolve_to_the_figures_beside_it(built, run_cli, tmp_path):

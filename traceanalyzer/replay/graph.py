@@ -275,6 +275,17 @@ class _Builder:
                                        "src_kind": "post", "src_ref": e["comm_id"].to_numpy()[inside]})
                     gapwait.append(gw)
                     pts.append(ce[inside])
+                # a synchronous collective: the op that enqueued it is still running when it completes
+                # and ends right after (gloo's all_to_all_single, a blocking all_reduce): the op waits
+                # from the execution's start (the enqueue cut) to the completion
+                cut = e["cut"].to_numpy()
+                busy_op = ok & (ce < np.where(ok, ends[gi_], 0)) & (ends[gi_] - ce <= _GAP_WAIT_MAX_TAIL_NS)
+                same_op = busy_op & (cut >= starts[gi_]) & (cut < ce)
+                if same_op.any():
+                    gw = pd.DataFrame({"rank": rank, "tid": tid, "lo": cut[same_op], "hi": ce[same_op],
+                                       "src_kind": "post", "src_ref": e["comm_id"].to_numpy()[same_op]})
+                    gapwait.append(gw)
+                    pts.append(ce[same_op])
             if extra is not None:
                 pts.append(extra)
             p = np.unique(np.concatenate(pts).astype(np.int64))

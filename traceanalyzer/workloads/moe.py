@@ -57,12 +57,15 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="rank whose expert the router prefers (default: the last rank)")
     p.add_argument("--tokens", type=int, default=TOKENS, help="tokens per rank per step")
     p.add_argument("--moe-layers", type=int, default=MOE_LAYERS)
+    p.add_argument("--ffn-mult", type=int, default=FFN_MULT,
+                   help="expert FFN hidden size = this x the model dim: how heavy the experts are "
+                        "next to the dense part (a heavy expert makes routing skew cost time)")
 
 
 class Expert(nn.Module):
-    def __init__(self):
+    def __init__(self, ffn_mult: int = FFN_MULT):
         super().__init__()
-        self.ffn = nn.Sequential(nn.Linear(DIM, FFN_MULT * DIM), nn.ReLU(), nn.Linear(FFN_MULT * DIM, DIM))
+        self.ffn = nn.Sequential(nn.Linear(DIM, ffn_mult * DIM), nn.ReLU(), nn.Linear(ffn_mult * DIM, DIM))
 
     def forward(self, x):
         return self.ffn(x)
@@ -71,12 +74,12 @@ class Expert(nn.Module):
 class MoELayer(nn.Module):
     """Router (replicated) + this rank's expert; tokens travel to their expert's rank and back."""
 
-    def __init__(self, world: int, bias: torch.Tensor, noise: torch.Generator):
+    def __init__(self, world: int, bias: torch.Tensor, noise: torch.Generator, ffn_mult: int = FFN_MULT):
         super().__init__()
         self.world = world
         self.router = nn.Linear(DIM, world)
         self.register_buffer("bias", bias)  # the injected skew, fixed (not learned)
-        self.expert = Expert()
+        self.expert = Expert(ffn_mult)
         self.noise = noise
 
     def forward(self, x):
@@ -99,10 +102,11 @@ class MoELayer(nn.Module):
 
 
 class MoEModel(nn.Module):
-    def __init__(self, world: int, bias: torch.Tensor, layers: int, noise: torch.Generator):
+    def __init__(self, world: int, bias: torch.Tensor, layers: int, noise: torch.Generator,
+                 ffn_mult: int = FFN_MULT):
         super().__init__()
         self.embed = nn.Linear(models.MLP_IN, DIM)
-        self.moe = nn.ModuleList(MoELayer(world, bias, noise) for _ in range(layers))
+        self.moe = nn.ModuleList(MoELayer(world, bias, noise, ffn_mult) for _ in range(layers))
         self.head = nn.Linear(DIM, models.CLASSES)
 
     def forward(self, x):
@@ -148,7 +152,7 @@ def run(args: argparse.Namespace) -> None:
         raise SystemExit(f"--skew {args.skew} --skew-rank {hot}: need skew > 0 and a rank < {world}")
     torch.manual_seed(args.seed)  # same dense weights everywhere; experts differ below
     noise = torch.Generator().manual_seed(args.seed + 200 + rank)  # routing differs per rank
-    model = MoEModel(world, router_bias(world, args.skew, hot), args.moe_layers, noise)
+    model = MoEModel(world, router_bias(world, args.skew, hot), args.moe_layers, noise, args.ffn_mult)
     with torch.no_grad():  # each rank's expert is a different expert
         gen = torch.Generator().manual_seed(args.seed + 100 + rank)
         for layer in model.moe:
@@ -161,7 +165,7 @@ def run(args: argparse.Namespace) -> None:
     tokens = common.scaled(args.tokens, common.imbalance_factor(args, rank))
     skewed = args.skew != 1.0
     ground_truth = {"workload": "moe", "steps": args.steps, "tokens_per_rank": args.tokens,
-                    "dim": DIM, "moe_layers": args.moe_layers, "experts": world, "top_k": 1,
+                    "dim": DIM, "ffn_mult": args.ffn_mult, "moe_layers": args.moe_layers, "experts": world, "top_k": 1,
                     "skew": args.skew, "skew_rank": hot if skewed else None,
                     "expected_hot_share": expected_share(world, args.skew),
                     "all_to_alls_per_step": 5 * args.moe_layers,  # counts + 2 fwd + 2 bwd
