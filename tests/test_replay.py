@@ -128,7 +128,13 @@ def test_cli_replay_and_chrome_trace(store, tmp_path, run_cli):
 @pytest.mark.parametrize("text", ['{"actions": [{"action": "scal"}]}', "{not json", '{"actions": []}',
                                   '{"actions": [{"action": "scale", "factor": -1}]}',
                                   '{"actions": [{"action": "idealize", "ranks": "two"}]}',
-                                  '{"actions": [{"action": "idealize", "rank": [2]}]}'])
+                                  '{"actions": [{"action": "idealize", "rank": [2]}]}',
+                                  '{"actions": [{"action": "idealize", "ranks": [2], "reference": "mean"}]}',
+                                  '{"actions": [{"action": "scale_comm", "bandwidth": 0}]}',
+                                  '{"actions": [{"action": "ddp", "bucket_mb": 4}, {"action": "scale", "factor": 2}]}',
+                                  '{"actions": [{"action": "pipeline", "microbatches": 2.5}]}',
+                                  '{"actions": [{"action": "ddp", "overlap": "yes"}]}',
+                                  '{"actions": [{"action": "pipeline", "microbatches": 8}]}'])
 def test_bad_plan_one_line_error(store, tmp_path, run_cli, text):
     plan = tmp_path / "bad.json"
     plan.write_text(text)
@@ -156,3 +162,42 @@ def test_gpu_changes_reach_the_step_dlrm(graphs):
     assert k40 > base + 20, (base, k40)       # 40x: ~44 ms of kernels, the GPU now sets the step
     c100 = job({"action": "scale_comm", "factor": 100})
     assert c100 > base + 5, (base, c100)      # NCCL kernels ~20 ms: the stream waits bring them in
+
+
+def test_scale_comm_by_bandwidth_uses_the_alpha_beta_fit(graphs):
+    """ddp_gloo_4rank: every all_reduce moves the same 1 MB bucket sizes, so the fit has no alpha
+    (one size: not identifiable) and all of a transfer is the beta term: 2x bandwidth = half the
+    transfer, exactly like a factor of 0.5; latency alone then changes nothing."""
+    from traceanalyzer import replay
+    g = graphs["ddp_gloo_4rank"]
+    bw = replay.what_if(g, {"actions": [{"action": "scale_comm", "bandwidth": 2.0}]})
+    half = replay.what_if(g, {"actions": [{"action": "scale_comm", "factor": 0.5}]})
+    assert g.alphabeta.table.set_index("op").loc["all_reduce", "alpha_ns"] == 0
+    assert abs(bw.job_step_ns() - half.job_step_ns()) <= 0.01 * half.job_step_ns()
+    assert bw.job_step_ns() < bw.job_step_ns("identity_ns")
+    slow = replay.what_if(g, {"actions": [{"action": "scale_comm", "bandwidth": 0.5}]})
+    assert slow.job_step_ns() > slow.job_step_ns("identity_ns") * 1.2
+    lat = replay.what_if(g, {"actions": [{"action": "scale_comm", "latency": 0.1}]})
+    assert lat.job_step_ns() == lat.job_step_ns("identity_ns")
+
+
+def test_structural_plans_through_run_plan_and_cli(tmp_path, run_cli):
+    """The pipeline and ddp actions go to their models (replay.pipeline / replay.ddp) through
+    run_plan and the CLI; results carry the identity model error and a Chrome trace."""
+    import traceanalyzer as ta
+    from traceanalyzer import replay
+    st = tmp_path / "s"
+    for run in ("pp_1f1b_2rank_m4", "ddp_gloo_2rank_big_b25"):
+        ta.ingest([str(TRACES / run)], str(st), run=run, progress=False)
+    r = replay.run_plan(str(st), {"actions": [{"action": "pipeline", "microbatches": 8}]}, run="pp_1f1b_2rank_m4")
+    assert r.job_step_ns() > 1.5 * r.job_step_ns("identity_ns")        # twice the micro-batches
+    assert r.identity_error["median"] < 0.05
+    plan = tmp_path / "b4.json"
+    plan.write_text(json.dumps({"actions": [{"action": "ddp", "bucket_mb": 4}]}))
+    out = tmp_path / "b4.trace.json"
+    code, stdout, err = run_cli("replay", st, "--run", "ddp_gloo_2rank_big_b25", "--plan", plan, "--chrome-trace", out)
+    assert code == 0, err
+    assert "(ddp model): identity model error" in stdout and "predicted" in stdout
+    assert sum(e["ph"] == "X" for e in json.loads(out.read_text())["traceEvents"]) > 10
+    code, _, err = run_cli("replay", st, "--run", "ddp_gloo_2rank_big_b25", "--plan", plan, "--straggler-metrics")
+    assert code == 2 and "--straggler-metrics goes with duration plans" in err

@@ -136,21 +136,34 @@ def _cmd_export(args) -> int:
 def _cmd_replay(args) -> int:
     from . import replay as rp
     plan = rp.load_plan(args.plan)  # a bad plan fails before any work
-    g = rp.build_graph(args.store, run=args.run)
-    sim = rp.Simulator(g)
-    res = rp.what_if(g, plan, sim=sim)
-    e = res.identity_error
-    print(f"run '{g.run}', plan '{plan['name']}': {g.n:,} nodes, {len(g.src):,} edges; identity-replay error "
-          f"median {100 * e['median']:.2f}%, P90 {100 * e['p90']:.2f}% over {e['n']} rank-steps")
+    structural = plan["actions"][0]["action"] in rp.STRUCTURAL
+    if structural:
+        res = rp.run_plan(args.store, plan, run=args.run)
+        run = getattr(res, "run", None) or getattr(getattr(res, "costs", None), "run", None) or args.run
+        print(f"run '{run}', plan '{plan['name']}' ({plan['actions'][0]['action']} model): identity model error "
+              f"(the recorded settings through the same model) median {100 * res.identity_error['median']:.2f}%, "
+              f"P90 {100 * res.identity_error['p90']:.2f}% over {res.identity_error['n']} rank-steps")
+    else:
+        g = rp.build_graph(args.store, run=args.run)
+        sim = rp.Simulator(g)
+        res = rp.what_if(g, plan, sim=sim)
+        run = g.run
+        e = res.identity_error
+        print(f"run '{g.run}', plan '{plan['name']}': {g.n:,} nodes, {len(g.src):,} edges; identity-replay error "
+              f"median {100 * e['median']:.2f}%, P90 {100 * e['p90']:.2f}% over {e['n']} rank-steps")
     per_rank = res.steps.groupby("rank")[["measured_ns", "identity_ns", "predicted_ns", "delta_ns"]].mean() / 1e6
     print(per_rank.round(3).rename(columns=lambda c: c.replace("_ns", "_ms")).to_string())
-    print(f"job step (slowest rank, mean over steps): identity {res.job_step_ns('identity_ns') / 1e6:.3f} ms, "
-          f"predicted {res.job_step_ns() / 1e6:.3f} ms")
-    bd = res.breakdown_delta().set_index("rank")
-    cols = [c for c in bd.columns if c.endswith("_delta_ns")]
-    print("breakdown delta vs identity (ms per step; step_time = the rank's step):")
-    print((bd[cols] / 1e6).round(3).rename(columns=lambda c: c.replace("_delta_ns", "")).to_string())
+    print(f"job step (slowest rank's mean step): measured {res.job_step_ns('measured_ns') / 1e6:.3f} ms, identity "
+          f"{res.job_step_ns('identity_ns') / 1e6:.3f} ms, predicted {res.job_step_ns() / 1e6:.3f} ms")
+    if not structural:
+        bd = res.breakdown_delta().set_index("rank")
+        cols = [c for c in bd.columns if c.endswith("_delta_ns")]
+        print("breakdown delta vs identity (ms per step; step_time = the rank's step):")
+        print((bd[cols] / 1e6).round(3).rename(columns=lambda c: c.replace("_delta_ns", "")).to_string())
     if args.straggler_metrics:
+        if structural:
+            raise TraceAnalyzerError("--straggler-metrics goes with duration plans (idealize, scale), not with "
+                                     f"'{plan['actions'][0]['action']}'")
         m = rp.straggler_metrics(g, sim=sim)
         print(f"straggler what-if: T {m['T_ns'] / 1e6:.3f} ms, T_ideal {m['T_ideal_ns'] / 1e6:.3f} ms, "
               f"S {m['S']:.3f}, waste {m['waste']:.3f}; S_w: " +
@@ -162,8 +175,16 @@ def _cmd_replay(args) -> int:
             line += f"; only the last pipeline stage: {100 * m['last_stage_recovered']:.0f}%"
         print(line)
     if args.chrome_trace:
-        from .replay.chrome import write_chrome_trace
-        n = write_chrome_trace(g, res.schedule, args.chrome_trace, name=plan["name"])
+        import json
+
+        from .replay.chrome import timeline_chrome, write_chrome_trace
+        if structural:
+            doc = timeline_chrome(res.timeline, run, name=plan["name"])
+            with open(args.chrome_trace, "w") as fh:
+                json.dump(doc, fh)
+            n = sum(e["ph"] == "X" for e in doc["traceEvents"])
+        else:
+            n = write_chrome_trace(g, res.schedule, args.chrome_trace, name=plan["name"])
         print(f"wrote {args.chrome_trace}: {n} predicted slices")
     return 0
 
@@ -269,10 +290,12 @@ def build_parser() -> argparse.ArgumentParser:
                                                           "last arriver -> waiters)")
     s.set_defaults(func=_cmd_export)
 
-    s = sub.add_parser("replay", help="what-if: replay the run's dependency graph under a plan (idealise, scale)")
+    s = sub.add_parser("replay", help="what-if: replay the run under a plan (idealize, scale, scale_comm, pipeline, ddp)")
     s.add_argument("store")
     s.add_argument("--run", help="the run (needed when the store holds several)")
-    s.add_argument("--plan", required=True, help="plan JSON: {\"actions\": [{\"action\": \"idealize\", \"ranks\": [2]}, ...]}")
+    s.add_argument("--plan", required=True, help="plan JSON file: {\"actions\": [{\"action\": \"idealize\", \"ranks\": [2]}, ...]}; "
+                   "actions: idealize, scale, scale_comm (factor or bandwidth/latency), or alone: pipeline "
+                   "(schedule, microbatches), ddp (bucket_mb, overlap, dp)")
     s.add_argument("--chrome-trace", metavar="FILE", help="write the predicted timeline as a Chrome/Perfetto trace")
     s.add_argument("--straggler-metrics", action="store_true", help="also print T, T_ideal, S, waste and S_w per rank")
     s.set_defaults(func=_cmd_replay)

@@ -17,11 +17,12 @@ import numpy as np
 import pandas as pd
 
 from .graph import GAP, KERNEL, OP, POST, Graph, build_graph
-from .plans import apply_plan, load_plan, typical_durations
-from .simulate import Schedule, Simulator, simulate, step_times
+from .plans import STRUCTURAL, apply_plan, load_plan, typical_durations
+from .simulate import Schedule, Simulator, job_step_ns, simulate, step_times
 
 __all__ = ["Graph", "build_graph", "Simulator", "Schedule", "simulate", "step_times", "identity", "what_if",
-           "WhatIf", "straggler_metrics", "load_plan", "apply_plan", "typical_durations", "error_summary", "breakdown"]
+           "WhatIf", "straggler_metrics", "load_plan", "apply_plan", "typical_durations", "error_summary", "breakdown",
+           "run_plan", "job_step_ns"]
 
 #: classes of the per-step breakdown (node kinds summed per rank and step of a schedule)
 BREAKDOWN = {"cpu_ops": [OP], "gpu_ops": [KERNEL], "comm": [POST], "host_gaps": [GAP]}
@@ -75,13 +76,6 @@ def error_summary(ident: pd.DataFrame) -> dict:
     return {"median": float(e.median()), "p90": float(e.quantile(0.9)), "max": float(e.max()), "n": int(len(e))}
 
 
-def job_step_ns(steps: pd.DataFrame, column: str) -> float:
-    """Job step time: per rank the mean over its steps (its window's span / steps: a rank's steps
-    are contiguous, so work that a change moves across a step boundary cancels out), then the
-    slowest rank. The mean over steps of the per-step maximum would count boundary jitter as time."""
-    return float(steps.groupby("rank")[column].mean().max())
-
-
 @dataclass
 class WhatIf:
     plan: dict
@@ -123,6 +117,24 @@ def what_if(g: Graph, plan, sim: Simulator | None = None, typical: np.ndarray | 
     steps = steps[["rank", "step", "measured_ns", "identity_ns", "predicted_ns", "delta_ns", "identity_error"]]
     return WhatIf(plan=plan, steps=steps, schedule=sched, durations=dur, identity_error=error_summary(ident),
                   identity_schedule=ident_sched, graph=g)
+
+
+def run_plan(store_or_con, plan, run: str | None = None):
+    """Any plan on a store: duration plans replay the run's dependency graph (``what_if``: a
+    ``WhatIf``); a structural plan (``pipeline``, ``ddp``) regenerates the step with its model
+    (``replay.pipeline.predict`` / ``replay.ddp.predict``). Every result has ``.steps`` (rank, step,
+    measured_ns, identity_ns, predicted_ns, delta_ns, identity_error), ``.identity_error`` and
+    ``.job_step_ns(column)``."""
+    plan = load_plan(plan)
+    a = plan["actions"][0]
+    args = {k: v for k, v in a.items() if k != "action"}
+    if a["action"] == "pipeline":
+        from . import pipeline
+        return pipeline.predict(store_or_con, run, **args)
+    if a["action"] == "ddp":
+        from . import ddp
+        return ddp.predict(store_or_con, run, **args)
+    return what_if(build_graph(store_or_con, run=run), plan)
 
 
 def op_types(g: Graph) -> pd.Series:

@@ -39,3 +39,20 @@ def write_chrome_trace(g: Graph, sched: Schedule, path: str, name: str = "replay
     with open(path, "w") as fh:
         json.dump(doc, fh)
     return sum(1 for e in doc["traceEvents"] if e["ph"] == "X")
+
+
+def timeline_chrome(timeline, run: str, name: str = "replay") -> dict:
+    """A Chrome trace of a structural what-if's predicted timeline (rank, [lane,] name, start_ns,
+    end_ns: ``replay.ddp`` / ``replay.pipeline`` results): one process per rank, one track per lane."""
+    t = timeline
+    t0 = int(t["start_ns"].min()) if len(t) else 0
+    lanes = t["lane"].astype(str) if "lane" in t else None
+    tids = {v: i for i, v in enumerate(sorted(set(lanes)))} if lanes is not None else {}
+    ev = [{"ph": "M", "name": "process_name", "pid": int(r), "args": {"name": f"rank {int(r)} ({name})"}}
+          for r in sorted(t["rank"].unique())]
+    ev += [{"ph": "M", "name": "thread_name", "pid": int(r), "tid": tid, "args": {"name": lane}}
+           for lane, tid in tids.items() for r in sorted(t["rank"].unique())]
+    for i, x in enumerate(t.itertuples(index=False)):
+        ev.append({"ph": "X", "name": str(x.name), "pid": int(x.rank), "tid": tids.get(lanes.iat[i], 0) if lanes is not None else 0,
+                   "ts": (int(x.start_ns) - t0) / 1000.0, "dur": (int(x.end_ns) - int(x.start_ns)) / 1000.0})
+    return {"traceEvents": ev, "displayTimeUnit": "ms", "otherData": {"run": run, "plan": name}}

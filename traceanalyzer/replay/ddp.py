@@ -82,8 +82,9 @@ class DDPWhatIf:
     stats: dict = field(default_factory=dict)
 
     def job_step_ns(self, column: str = "predicted_ns") -> float:
-        """Job step time: per step the slowest rank, averaged over steps."""
-        return float(self.steps.groupby("step")[column].max().mean())
+        """Job step time (``replay.simulate.job_step_ns``: per rank the mean step, the slowest rank)."""
+        from .simulate import job_step_ns
+        return job_step_ns(self.steps, column)
 
 
 # -- reading the trace -------------------------------------------------------------------------

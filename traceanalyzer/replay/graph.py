@@ -70,6 +70,8 @@ class Graph:
     instances: pd.DataFrame  # inst, key, op, bytes, is_p2p, transfer_ns
     stats: dict = field(default_factory=dict)
     stages: pd.DataFrame | None = None   # rank, stage (pipelines: the analyses' stage detection)
+    source: object = None                # the DuckDB connection it was built from (alpha-beta fits)
+    alphabeta: object = None             # the run's alpha-beta fit, once a plan asked for it
 
     @property
     def n(self) -> int:
@@ -93,6 +95,7 @@ def build_graph(store_or_con, run: str | None = None) -> Graph:
     elif run not in runs:
         raise TraceAnalyzerError(f"replay: run '{run}' has no steps in the store (runs: {', '.join(runs) or 'none'})")
     g = _Builder(con, run).build()
+    g.source = con
     try:
         g.stages = con.execute("SELECT rank, stage FROM pipeline_stages WHERE run = $run ORDER BY stage, rank",
                                {"run": run}).df()

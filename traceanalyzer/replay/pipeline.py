@@ -506,8 +506,9 @@ class PipelineWhatIf:
     costs: StageCosts
 
     def job_step_ns(self, column: str = "predicted_ns") -> float:
-        """Job step time: per step the slowest rank, averaged over steps."""
-        return float(self.steps.groupby("step")[column].max().mean())
+        """Job step time (``replay.simulate.job_step_ns``: per rank the mean step, the slowest rank)."""
+        from .simulate import job_step_ns
+        return job_step_ns(self.steps, column)
 
     def chrome_trace(self, name: str = "pipeline what-if") -> dict:
         """The predicted timeline as a Chrome/Perfetto trace (one process per rank, µs)."""

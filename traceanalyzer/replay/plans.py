@@ -14,11 +14,19 @@ A plan is a list of actions applied in order to the graph's durations:
 * ``{"action": "scale", "factor": 0.5, "ops": "glob", "categories": [...], "ranks": [...]}``:
   matching compute ops scaled;
 * ``{"action": "scale_comm", "factor": 0.5, "ops": ["all_reduce"], "ranks": [...]}``:
-  communication transfer scaled.
+  communication transfer scaled; or ``"bandwidth": 2.0`` and/or ``"latency": 0.5`` instead of a
+  factor: each transfer rescaled by the run's alpha-beta fit (``alphabeta.fit``: time =
+  alpha x hops + beta x bytes x wire factor, per collective type), bandwidth multiplying the
+  beta term's speed and latency the alpha term's time.
 
-Why durations only: the graph keeps every recorded dependency, so any duration change propagates
-through waits, collectives and p2p the way the recorded run would have. Pipeline schedule changes
-and DP bucket changes need new nodes and edges: not in this first slice.
+These act on durations: the graph keeps every recorded dependency, so a change propagates through
+waits, collectives and p2p the way the recorded run would have. Two structural actions regenerate
+the step instead (they need actions that never ran), each alone in its plan:
+
+* ``{"action": "pipeline", "schedule": "gpipe" | "1f1b" | "interleaved1f1b", "microbatches": 8}``
+  (``replay.pipeline``: the schedule rebuilt from per-micro-batch stage costs);
+* ``{"action": "ddp", "bucket_mb": 4, "overlap": true, "dp": 8}`` (``replay.ddp``: buckets and the
+  comm lane rebuilt from the gradient-ready profile and the alpha-beta fit).
 """
 from __future__ import annotations
 
@@ -34,7 +42,11 @@ from .graph import GAP, KERNEL, OP, POST, Graph
 
 _ACTIONS = {"idealize": {"ranks", "ops", "comm", "compute", "reference"},
             "scale": {"factor", "ops", "categories", "ranks"},
-            "scale_comm": {"factor", "ops", "ranks"}}
+            "scale_comm": {"factor", "ops", "ranks", "bandwidth", "latency"},
+            "pipeline": {"schedule", "microbatches", "stages_per_rank"},
+            "ddp": {"bucket_mb", "overlap", "dp", "first_bucket_mb"}}
+#: actions that regenerate the step (each must be the plan's only action)
+STRUCTURAL = ("pipeline", "ddp")
 
 
 def load_plan(path_or_obj) -> dict:
@@ -62,10 +74,21 @@ def load_plan(path_or_obj) -> dict:
         if extra:
             raise TraceAnalyzerError(f"{where}: action {i} ({a['action']}): unknown key(s) {', '.join(sorted(extra))}; "
                                      f"known: {', '.join(sorted(_ACTIONS[a['action']]))}")
-        if "factor" in _ACTIONS[a["action"]]:
+        if a["action"] == "scale" or (a["action"] == "scale_comm" and not {"bandwidth", "latency"} & set(a)):
             f = a.get("factor")
             if not isinstance(f, (int, float)) or isinstance(f, bool) or not f >= 0:
                 raise TraceAnalyzerError(f"{where}: action {i} ({a['action']}): \"factor\" must be a number >= 0")
+        for k in ("bandwidth", "latency", "bucket_mb", "first_bucket_mb"):
+            if k in a and (not isinstance(a[k], (int, float)) or isinstance(a[k], bool) or not a[k] > 0):
+                raise TraceAnalyzerError(f"{where}: action {i} ({a['action']}): \"{k}\" must be a number > 0")
+        for k in ("microbatches", "dp", "stages_per_rank"):
+            if k in a and (not isinstance(a[k], int) or isinstance(a[k], bool) or a[k] < 1):
+                raise TraceAnalyzerError(f"{where}: action {i} ({a['action']}): \"{k}\" must be an integer >= 1")
+        if "overlap" in a and not isinstance(a["overlap"], bool):
+            raise TraceAnalyzerError(f"{where}: action {i} ({a['action']}): \"overlap\" must be true or false")
+        if a["action"] in STRUCTURAL and len(plan["actions"]) > 1:
+            raise TraceAnalyzerError(f"{where}: action {i} ({a['action']}) regenerates the step and must be the "
+                                     f"plan's only action")
         if a.get("reference", "all") not in ("all", "others"):
             raise TraceAnalyzerError(f"{where}: action {i} ({a['action']}): \"reference\" must be \"others\" or \"all\"")
         r = a.get("ranks", "all")
@@ -182,7 +205,39 @@ def apply_plan(g: Graph, plan: dict, typical: np.ndarray | None = None) -> np.nd
                 cats = np.isin(np.asarray(g.categories, dtype=object), a["categories"])
                 m &= cats[g.category] if len(cats) else False
             dur[m] = np.rint(dur[m] * float(a["factor"])).astype(np.int64)
-        else:  # scale_comm
+        elif a["action"] == "scale_comm":
             m &= comm
-            dur[m] = np.rint(dur[m] * float(a["factor"])).astype(np.int64)
+            if {"bandwidth", "latency"} & set(a):
+                dur[m] = np.rint(dur[m] * _alpha_beta_factor(g, a, m)).astype(np.int64)
+            else:
+                dur[m] = np.rint(dur[m] * float(a["factor"])).astype(np.int64)
+        else:
+            raise TraceAnalyzerError(f"plan: action '{a['action']}' regenerates the step: use replay.run_plan")
     return dur
+
+
+def _alpha_beta_factor(g: Graph, a: dict, m: np.ndarray) -> np.ndarray:
+    """Per selected node: (alpha-term / latency + beta-term / bandwidth) / (alpha-term + beta-term)
+    of its instance under the run's alpha-beta fit (1 where the fit has nothing for the op)."""
+    from .alphabeta import fit, hops, wire
+    if g.source is None:
+        raise TraceAnalyzerError("scale_comm by bandwidth/latency needs the graph's store (build_graph)")
+    ab = g.alphabeta if g.alphabeta is not None else fit(g.source, g.run)
+    g.alphabeta = ab
+    inst = g.instances.set_index("inst")
+    idx = np.flatnonzero(m)
+    rows = inst.reindex(g.inst[idx])
+    out = np.ones(len(idx))
+    lat, bw = float(a.get("latency", 1.0)), float(a.get("bandwidth", 1.0))
+    for (op, is_p2p, n), sub in rows.groupby(["op", "is_p2p", "n_ranks"], dropna=False).indices.items():
+        key = "send" if is_p2p else op   # alphabeta fits p2p under "send"
+        try:
+            alpha, beta = ab.params(key)
+        except Exception:  # noqa: BLE001 - no fit for this op: leave its transfers as they are
+            continue
+        n = int(n) if n == n else 2
+        at = alpha * hops(key, n)
+        bt = beta * rows["bytes"].to_numpy(float)[sub] * wire(key, n)
+        tot = at + bt
+        out[sub] = np.where(tot > 0, (at / lat + bt / bw) / np.where(tot > 0, tot, 1), 1.0)
+    return out

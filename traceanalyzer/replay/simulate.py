@@ -90,3 +90,10 @@ def step_times(graph: Graph, sched: Schedule):
     st["simulated_ns"] = t1 - t0
     st["sim_start_ns"], st["sim_end_ns"] = t0, t1
     return st
+
+
+def job_step_ns(steps, column: str) -> float:
+    """Job step time: per rank the mean over its steps (its window's span / steps: a rank's steps
+    are contiguous, so work that a change moves across a step boundary cancels out), then the
+    slowest rank. The mean over steps of the per-step maximum would count boundary jitter as time."""
+    return float(steps.groupby("rank")[column].mean().max())
