@@ -63,6 +63,12 @@ from ..errors import TraceAnalyzerError
 from . import alphabeta
 
 MIB = 2 ** 20
+#: how much of a rank's core a gloo transfer in flight takes: 1 = compute and transfer each at half
+#: speed while both run, 0 = independent. gloo's runloop thread is busy (copies, reductions, socket
+#: syscalls) only part of a transfer and waits for the peer the rest: 0.5. Checked on one quiet pair
+#: of the 28 MB mlp (25 <-> 4 MB buckets): 1 over-predicts the 4 MB step by 22 %, 0 under by 5 %
+#: and the reverse prediction over by 19 %; see benchmarks/RESULTS.md for fresh runs.
+CORE_SHARE = 0.5
 PROFILE_PIECES = 16        # without parameter shapes: pieces per recorded bucket in the linear profile
 HOST_COPY_PASSES = 3       # overlap off: cat into the flat buffer, divide by world, copy back
 _ELEM = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "half": 2, "bfloat16": 2, "long int": 8,
@@ -210,7 +216,7 @@ def _pure_work(x: _RankStep, shared_core: bool) -> np.ndarray:
     m = np.asarray(merged)
     lo, hi = edges[:-1, None], edges[1:, None]
     ov = np.clip(np.minimum(hi, m[None, :, 1]) - np.maximum(lo, m[None, :, 0]), 0, None).sum(axis=1)
-    return np.maximum(rec - ov / 2, 0)
+    return np.maximum(rec - ov * float(shared_core) / 2, 0)
 
 
 def _rank_steps(d: dict, overlap_rec: bool) -> tuple[list[_RankStep], dict]:
@@ -309,8 +315,8 @@ def _fluid(work: list[np.ndarray], bw0: list[float], ends: list[int], cost: np.n
         waiting = [bw0[r] - t for r in range(R) if t < bw0[r]]
         if not computing and not waiting and c_rem is None:
             break
-        comp_rate = 0.5 if (share and c_rem is not None) else 1.0
-        comm_rate = 0.5 if (share and computing) else 1.0
+        comp_rate = 1.0 - float(share) / 2 if c_rem is not None else 1.0
+        comm_rate = 1.0 - float(share) / 2 if computing else 1.0
         dts = [rem[r] / comp_rate for r in computing] + waiting + ([c_rem / comm_rate] if c_rem is not None else [])
         dt = max(min(dts), 0.0)
         for r in computing:
@@ -432,9 +438,11 @@ def predict(store_or_con, run: str | None = None, bucket_mb: float | None = None
     n_grads = pd.Series([len(x.sizes) for x in rs]).mode().iloc[0]
     dropped = [(x.rank, x.step) for x in rs if len(x.sizes) != n_grads]
     rs = [x for x in rs if len(x.sizes) == n_grads]
+    if shared_core is True:
+        shared_core = CORE_SHARE
     if shared_core is None:
         backend = con.execute("SELECT any_value(backend) FROM runs WHERE run = $run", {"run": run}).fetchone()[0]
-        shared_core = str(backend or "").lower() == "gloo"
+        shared_core = CORE_SHARE if str(backend or "").lower() == "gloo" else 0.0
     for x in rs:
         x.work = _pure_work(x, shared_core)
     busy = [(x.bw0, x.bw0 + int(x.ready[-1])) for x in rs] if (shared_core and overlap_rec) else None
