@@ -186,3 +186,32 @@ def test_gpu_export_has_launch_to_kernel_flows(tmp_path):
         launch, kernel = _slice_at(doc, f["s"]), _slice_at(doc, f["f"])
         assert launch["cat"] == "cuda_runtime" and kernel["cat"] in ("kernel", "gpu_memcpy", "gpu_memset")
         assert launch["args"]["correlation"] == kernel["args"]["correlation"]
+
+
+def test_export_with_the_predicted_timeline_beside(tmp_path, run_cli):
+    """--replay-plan adds, per exported rank, a process with the replay's predicted timeline (here:
+    rank 2 of the slow DDP run idealised), on the same clock as the measured events; it nests, and
+    the predicted rank-2 work is shorter than the measured one."""
+    import traceanalyzer as ta
+    from traceanalyzer.export import REPLAY_PID_BASE, validate_nesting
+    store = tmp_path / "s"
+    ta.ingest([str(TRACES / "ddp_gloo_4rank_slow2")], str(store), run="slow2", progress=False)
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"name": "fix2", "actions": [{"action": "idealize", "ranks": [2]}]}))
+    out = tmp_path / "r2.json"
+    code, stdout, err = run_cli("export", store, "--rank", "2", "-o", out, "--replay-plan", plan)
+    assert code == 0, err
+    doc = json.loads(out.read_text())
+    assert validate_nesting(doc) == []
+    pred = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e["pid"] == REPLAY_PID_BASE + 2]
+    meas = [e for e in doc["traceEvents"] if e.get("ph") == "X" and e["pid"] < REPLAY_PID_BASE]
+    assert len(pred) > 100
+    span = lambda evs: max(float(e["ts"]) + float(e["dur"]) for e in evs) - min(float(e["ts"]) for e in evs)
+    assert abs(min(float(e["ts"]) for e in pred) - min(float(e["ts"]) for e in meas)) < 50_000   # same clock (us)
+    assert span(pred) < span(meas) - 10 * 1000 * 3   # >= 10 ms per step less over the 8 steps (measured ~15)
+    r = doc["otherData"]["replay"]
+    assert r["job_step_ns"]["predicted"] < r["job_step_ns"]["identity"] and r["identity_error"]["median"] == 0
+    bad = tmp_path / "pp.json"
+    bad.write_text(json.dumps({"actions": [{"action": "pipeline", "microbatches": 8}]}))
+    code, _, err = run_cli("export", store, "--rank", "2", "-o", tmp_path / "x.json", "--replay-plan", bad)
+    assert code == 2 and "regenerates the step" in err

@@ -14,7 +14,8 @@ KERNEL = "traceanalyzer-tests"
 
 
 def test_the_notebooks_are_there_and_have_no_outputs():
-    assert [p.stem for p in NOTEBOOKS] == ["01_quickstart", "02_stragglers_imbalance", "03_pipeline_bubbles"]
+    assert [p.stem for p in NOTEBOOKS] == ["01_quickstart", "02_stragglers_imbalance", "03_pipeline_bubbles",
+                                          "04_whatif_replay"]
     for p in NOTEBOOKS:
         for cell in json.loads(p.read_text())["cells"]:
             if cell["cell_type"] == "code":
@@ -47,7 +48,7 @@ def monkeypatch_module():
 
 
 def test_notebooks_run_top_to_bottom(kernel):
-    """All three at once, one kernel each (they use separate stores): their analyses are
+    """All four at once, one kernel each (they use separate stores): their analyses are
     single-threaded, so this takes the time of the longest rather than the sum."""
     import asyncio
 

@@ -390,3 +390,19 @@ def test_large_runs_are_not_replayed_and_the_report_says_why(built):
     assert rr.replay.reason.startswith(f"the run has {rr.data.events:,} events, more than the 1,000 the report replays")
     assert (rr.findings[0].rank, rr.findings[0].recoverable_source) == (2, "estimate")
     assert "Replay not used: the run has" in report.render_markdown(rep)
+
+
+def test_pp_x_dp_report_shows_every_pipeline(tmp_path, run_cli):
+    """A PP x DP run (2 replicas x 2 stages): the job summary names both pipelines and their ranks
+    in stage order, in the Markdown and in the JSON form."""
+    import traceanalyzer as ta
+    store = tmp_path / "s"
+    ta.ingest([str(TRACES / "pp_1f1b_2x2_dp")], str(store), run="ppdp", progress=False)
+    code, _, err = run_cli("report", store, "--format", "md", "-o", tmp_path / "r.md", "--no-replay")
+    assert code == 0, err
+    assert "2 pipelines (PP x DP): pipeline 0: ranks 0, 1 (stage order); pipeline 2: ranks 2, 3 (stage order)." \
+        in (tmp_path / "r.md").read_text()
+    code, _, err = run_cli("report", store, "--format", "json", "-o", tmp_path / "r.json", "--no-replay")
+    assert code == 0, err
+    shape = json.loads((tmp_path / "r.json").read_text())["runs"][0]["shape"]["pipeline"]
+    assert shape["pipelines"] == {"0": {"0": 0, "1": 1}, "2": {"0": 2, "1": 3}}

@@ -125,7 +125,7 @@ def _cmd_export(args) -> int:
     if args.rank is None and not args.all_ranks:
         raise TraceAnalyzerError("export: give --rank K or --all-ranks")
     doc = export_trace(args.store, run=args.run, rank=None if args.all_ranks else args.rank,
-                       overlays=not args.no_overlays, flows=not args.no_flows)
+                       overlays=not args.no_overlays, flows=not args.no_flows, replay_plan=args.replay_plan)
     write_trace(doc, args.output)
     n = sum(1 for e in doc["traceEvents"] if e.get("ph") in ("X", "i"))
     print(f"wrote {args.output}: {n} events of run '{doc['otherData']['run']}' "
@@ -288,6 +288,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--no-overlays", action="store_true", help="only the original events")
     s.add_argument("--no-flows", action="store_true", help="no flow arrows (recorded flows, send -> recv, "
                                                           "last arriver -> waiters)")
+    s.add_argument("--replay-plan", metavar="PLAN.json", help="also the replay's predicted timeline under this plan "
+                   "(idealize/scale/scale_comm), one process per rank beside the measured one")
     s.set_defaults(func=_cmd_export)
 
     s = sub.add_parser("replay", help="what-if: replay the run under a plan (idealize, scale, scale_comm, pipeline, ddp)")

@@ -25,6 +25,7 @@ import os
 from decimal import Decimal
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from . import __version__
@@ -162,11 +163,13 @@ def _plain(v):
 # -- the trace -----------------------------------------------------------------------------------
 
 def export_trace(store: str | os.PathLike, run: str | None = None, rank: int | None = None,
-                 overlays: bool = True, flows: bool = True) -> dict:
+                 overlays: bool = True, flows: bool = True, replay_plan=None) -> dict:
     """The Chrome/Perfetto trace of ``rank`` (None: every rank) of ``run`` as a dict; ``ts``/``dur``
     are exact :class:`~decimal.Decimal` microseconds (:func:`write_trace` writes them as text).
     With ``flows``, flow arrows (export_flows.py): recorded flows, send -> recv and, with the
-    overlays, last arriver -> waiters of each collective."""
+    overlays, last arriver -> waiters of each collective. With ``replay_plan`` (a duration plan:
+    dict or JSON path, see ``replay.plans``), each exported rank also gets the replay's predicted
+    timeline as its own process beside the measured one (``add_replay``)."""
     from .store import open_store
     con = open_store(store)
     try:
@@ -188,7 +191,63 @@ def export_trace(store: str | os.PathLike, run: str | None = None, rank: int | N
             wait_src = xf.wait_sources(con, run, ranks) if overlays else None
     finally:
         con.close()
-    return _assemble(run, ranks, ev, threads, info, ov, str(store), arrows, wait_src)
+    doc = _assemble(run, ranks, ev, threads, info, ov, str(store), arrows, wait_src)
+    if replay_plan is not None:
+        add_replay(doc, store, replay_plan)
+    return doc
+
+
+#: process ids of the predicted timelines: far above the measured ones (rank * PID_STRIDE + i)
+REPLAY_PID_BASE = 10 ** 9
+
+
+def add_replay(doc: dict, store, plan) -> int:
+    """Add the predicted timeline of a duration plan (``replay.what_if``) for the document's ranks:
+    one process per rank ("rank R: predicted (plan)"), one track per replay lane (CPU thread, GPU
+    stream, gloo runloop), on the same clock as the measured events. Lanes are FIFO in the replay,
+    so the tracks nest. Returns the number of slices added."""
+    from . import replay
+    from .replay.graph import KERNEL, OP, POST
+    plan = replay.load_plan(plan)
+    if plan["actions"][0]["action"] in replay.STRUCTURAL:
+        raise TraceAnalyzerError(f"export: plan '{plan['name']}' regenerates the step ({plan['actions'][0]['action']}); "
+                                 "export its timeline with `traceanalyzer replay --chrome-trace`")
+    run, ranks, base = doc["otherData"]["run"], doc["otherData"]["ranks"], int(doc["baseTimeNanoseconds"])
+    g = replay.build_graph(store, run=run)
+    r = replay.what_if(g, plan)
+    con = None
+    try:
+        from .store import open_store
+        con = open_store(store)
+        offs = dict(con.execute("SELECT rank, offset_ns FROM clock_offsets WHERE run = $run", {"run": run}).fetchall()) \
+            if {"clock_offsets"} <= {v for (v,) in con.execute("SELECT view_name FROM duckdb_views()").fetchall()} else {}
+    except Exception:  # noqa: BLE001 - no analysis views: single host, no offsets
+        offs = {}
+    finally:
+        if con is not None:
+            con.close()
+    lanes = g.lanes.set_index("lane")
+    keep = np.isin(g.kind, [OP, KERNEL, POST]) & (r.schedule.end > r.schedule.start)
+    meta, out = [], []
+    for rank in ranks:
+        pid = REPLAY_PID_BASE + int(rank)
+        meta += [{"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                  "args": {"name": f"rank {rank}: predicted ({plan['name']})"}},
+                 {"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": pid}}]
+        idx = np.flatnonzero(keep & (g.rank == rank))
+        o = int(offs.get(rank, 0) or 0)
+        for lane in np.unique(g.lane[idx]):
+            row = lanes.loc[int(lane)]
+            meta.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": int(lane),
+                         "args": {"name": f"{row['type']} {row['tid']} (predicted)"}})
+        for i in idx.tolist():
+            s0, e0 = int(r.schedule.start[i]) - o, int(r.schedule.end[i]) - o
+            out.append({"ph": "X", "cat": "replay", "name": g.labels[g.label[i]], "pid": pid, "tid": int(g.lane[i]),
+                        "ts": _us(s0 - base), "dur": _us(e0 - s0)})
+    doc["traceEvents"] += meta + out
+    doc["otherData"]["replay"] = {"plan": plan, "identity_error": r.identity_error,
+                                  "job_step_ns": {"identity": r.job_step_ns("identity_ns"), "predicted": r.job_step_ns()}}
+    return len(out)
 
 
 def _xtid(tid, lane) -> int:

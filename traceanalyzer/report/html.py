@@ -100,6 +100,10 @@ def _summary(rr: RunReport) -> str:
         rows.append(["pipeline", f"{p['stages']} stages x {p['stages_per_rank']}, {p['microbatches']:g} micro-batches, "
                                  f"{p['schedule']}; bubble: theoretical {p['theoretical_bubble_pct']:.1f}%, measured "
                                  f"{_fmt(p['measured_bubble_pct'])}% (median); {order}"])
+        if len(p.get("pipelines") or {}) > 1:
+            rows.append([f"{len(p['pipelines'])} pipelines (PP x DP)", "; ".join(
+                f"pipeline {pid}: " + ", ".join(f"stage {k}: rank {v}" for k, v in sorted(st.items()))
+                for pid, st in sorted(p["pipelines"].items()))])
     out = "<h3>Job</h3>" + _table(None, rows)
     st = rr.step_times
     out += "<h3>Step time per rank</h3>" + _table(

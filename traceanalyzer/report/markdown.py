@@ -42,6 +42,10 @@ def _run(rr: RunReport, fig_dir: Path | None, fig_rel: str) -> list[str]:
         out += [f"Pipeline: {p['stages']} stages x {p['stages_per_rank']}, {p['microbatches']:g} micro-batches, "
                 f"{md(p['schedule'])}; bubble theoretical {p['theoretical_bubble_pct']:.1f}%, measured "
                 f"{p['measured_bubble_pct'] or 0:.1f}%.", ""]
+        if len(p.get("pipelines") or {}) > 1:
+            out += [f"{len(p['pipelines'])} pipelines (PP x DP): " + "; ".join(
+                f"pipeline {pid}: ranks {', '.join(str(v) for _, v in sorted(st.items()))} (stage order)"
+                for pid, st in sorted(p["pipelines"].items())) + ".", ""]
     out += _table(["rank", "steps", "median step", "min", "max", "compute"],
                   [[int(r.rank), int(r.steps), ms(r.median_ns), ms(r.min_ns), ms(r.max_ns), ms(r.compute_ns)]
                    for r in rr.step_times.itertuples()])

@@ -34,11 +34,17 @@ def job_shape(data: RunData) -> dict:
         s = sh.iloc[0]
         bub = data.r("pipeline_bubbles")
         stages = (bub.groupby("stage")["rank"].first().astype(int).to_dict() if not bub.empty else {})
+        # PP x DP: one pipeline per connected component of the p2p graph (its smallest rank is its id)
+        pipelines = ({int(pid): {int(k): int(v) for k, v in g.groupby("stage")["rank"].first().items()}
+                      for pid, g in bub.groupby("pipeline_id")} if not bub.empty and "pipeline_id" in bub else {})
+        if pipelines:
+            stages = pipelines[min(pipelines)]
         shape["pipeline"] = {"stages": int(s.n_stages), "stages_per_rank": int(s.stages_per_rank),
                              "microbatches": float(s.microbatches), "schedule": s.schedule,
                              "theoretical_bubble_pct": float(s.theoretical_bubble_pct),
                              "measured_bubble_pct": float(bub["bubble_pct"].median()) if not bub.empty else None,
-                             "stage_to_rank": {int(k): v for k, v in stages.items()}}
+                             "stage_to_rank": {int(k): v for k, v in stages.items()},
+                             "pipelines": pipelines or {0: {int(k): v for k, v in stages.items()}}}
     cp = data.r("critical_path_summary")
     if not cp.empty:  # saved by a full `analyze` only (see load.REQUIRED)
         top = cp.groupby(["rank", "label"])["path_ns"].sum().sort_values(ascending=False)
