@@ -226,17 +226,17 @@ def hta_window(store_or_con, run: str | None = None, ns_rounding: bool = True, *
 
 def bubbles(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Pipeline bubbles per stage and step: warm-up, cool-down, stalls (by cause), theoretical share."""
-    return _query(store_or_con, "SELECT * FROM pipeline_bubbles{where} ORDER BY run, step, stage", run, params)
+    return _query(store_or_con, "SELECT * FROM pipeline_bubbles{where} ORDER BY run, pipeline_id, step, stage", run, params)
 
 
 def pipeline_shape(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Detected pipeline: stages, stages per rank, micro-batches, schedule, theoretical bubble %."""
-    return _query(store_or_con, "SELECT * FROM pipeline_shape{where} ORDER BY run", run, params)
+    return _query(store_or_con, "SELECT * FROM pipeline_shape{where} ORDER BY run, pipeline_id", run, params)
 
 
 def stall_causes(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Which stage held the others up: stall time charged to each rank per step, worst first."""
-    return _query(store_or_con, "SELECT * FROM pipeline_stall_causes{where} ORDER BY run, rank_order", run, params)
+    return _query(store_or_con, "SELECT * FROM pipeline_stall_causes{where} ORDER BY run, pipeline_id, rank_order", run, params)
 
 
 def slow_stages(store_or_con, run: str | None = None, **params) -> pd.DataFrame:

@@ -40,8 +40,8 @@ QUERIES: dict[str, str] = {
     "launch_stats": "SELECT * FROM launch_stats ORDER BY run, rank",
     "queue_length": "SELECT * FROM queue_length ORDER BY run, rank, stream",
     "idle_breakdown": "SELECT * FROM idle_breakdown ORDER BY run, rank, stream, category",
-    "pipeline_shape": "SELECT * FROM pipeline_shape ORDER BY run",
-    "pipeline_bubbles": "SELECT * FROM pipeline_bubbles ORDER BY run, step, stage",
+    "pipeline_shape": "SELECT * FROM pipeline_shape ORDER BY run, pipeline_id",
+    "pipeline_bubbles": "SELECT * FROM pipeline_bubbles ORDER BY run, pipeline_id, step, stage",
     "pipeline_slow_stages": "SELECT * FROM pipeline_slow_stages ORDER BY run, rank_order",
 }
 def _critical_path(con, run, cache):
