@@ -49,13 +49,40 @@ GROUP BY ALL;
 -- Per rank, step and range name: the rank's exclusive time in excess of the median of the other
 -- ranks of the step (a rank without the range counts 0: a range only the slow rank has is all
 -- excess). Columns: run, rank, step, phase, name, ns, others_ns, excess_ns.
+-- Why not a self-join (each rank against every other): at 128 ranks that is 127 rows per grid row
+-- (~19 M), and DuckDB plans it inside the straggler joins badly enough to spill gigabytes. Instead
+-- each (step, phase, name) keeps its values sorted once (_sorted), and the median of the others
+-- of the value at sorted position i is read from that list with position i left out:
+-- others(k) = v[k] for k < i, v[k + 1] from i on; with c = n - 1 others, the median is others((c-1)/2)
+-- for odd c, the mean of others(c/2 - 1) and others(c/2) for even c (as DuckDB's median).
 CREATE OR REPLACE TEMP VIEW user_annotation_excess AS
 WITH names AS (SELECT DISTINCT run, phase, name FROM user_annotation_time),
 grid AS (
     SELECT p.run, p.rank, p.step, n.phase, n.name, coalesce(t.ns, 0) AS ns
     FROM step_phases p JOIN names n USING (run)
     LEFT JOIN user_annotation_time t USING (run, rank, step, phase, name)
+),
+_ranked AS (
+    SELECT *, row_number() OVER (PARTITION BY run, step, phase, name ORDER BY ns, rank) - 1 AS i
+    FROM grid
+),
+_sorted AS (
+    SELECT run, step, phase, name, list(ns ORDER BY ns, rank) AS v, count(*) AS n
+    FROM grid GROUP BY ALL
+),
+_others AS (
+    SELECT r.run, r.rank, r.step, r.phase, r.name, r.ns, r.i, s.v, s.n - 1 AS c
+    FROM _ranked r JOIN _sorted s USING (run, step, phase, name)
+    WHERE s.n > 1
+),
+_mid AS (  -- 0-based positions among the others of the one or two middle values
+    SELECT *, CASE WHEN c % 2 = 1 THEN (c - 1) // 2 ELSE c // 2 - 1 END AS k1, c // 2 AS k2 FROM _others
 )
-SELECT a.run, a.rank, a.step, a.phase, a.name, a.ns, median(b.ns) AS others_ns, a.ns - median(b.ns) AS excess_ns
-FROM grid a JOIN grid b ON b.run = a.run AND b.step = a.step AND b.phase = a.phase AND b.name = a.name AND b.rank <> a.rank
-GROUP BY a.run, a.rank, a.step, a.phase, a.name, a.ns;
+SELECT run, rank, step, phase, name, ns,
+       CASE WHEN c % 2 = 1 THEN v[(CASE WHEN k1 < i THEN k1 ELSE k1 + 1 END) + 1]
+            ELSE (v[(CASE WHEN k1 < i THEN k1 ELSE k1 + 1 END) + 1] + v[(CASE WHEN k2 < i THEN k2 ELSE k2 + 1 END) + 1]) / 2.0
+       END AS others_ns,
+       ns - CASE WHEN c % 2 = 1 THEN v[(CASE WHEN k1 < i THEN k1 ELSE k1 + 1 END) + 1]
+                 ELSE (v[(CASE WHEN k1 < i THEN k1 ELSE k1 + 1 END) + 1] + v[(CASE WHEN k2 < i THEN k2 ELSE k2 + 1 END) + 1]) / 2.0
+            END AS excess_ns
+FROM _mid;
