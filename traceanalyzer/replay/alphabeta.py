@@ -182,14 +182,8 @@ def fit(store_or_con, run: str | None = None, shared: bool = True, busy=None, ce
                                      f"({', '.join(runs) or 'none'}); give run=")
         run = runs[0]
     if busy is not None and len(busy):   # merge into sorted disjoint intervals
-        b = np.asarray(sorted(map(tuple, np.asarray(busy, dtype=np.int64))), dtype=np.int64)
-        merged = [list(b[0])]
-        for a, e in b[1:]:
-            if a <= merged[-1][1]:
-                merged[-1][1] = max(merged[-1][1], e)
-            else:
-                merged.append([a, e])
-        busy = np.asarray(merged, dtype=np.int64)
+        from .graph import merge_intervals
+        busy = merge_intervals(np.asarray(busy, dtype=np.int64))
     s = _samples(con, run, busy if shared else None)
     if s.empty:
         raise TraceAnalyzerError(f"alpha-beta fit: run '{run}' has no complete collective or p2p with bytes "

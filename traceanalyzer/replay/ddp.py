@@ -61,6 +61,7 @@ import pandas as pd
 
 from ..errors import TraceAnalyzerError
 from . import alphabeta
+from .graph import merge_intervals
 
 MIB = 2 ** 20
 #: how much of a rank's core a gloo transfer in flight takes: 1 = compute and transfer each at half
@@ -205,15 +206,8 @@ def _pure_work(x: _RankStep, shared_core: bool) -> np.ndarray:
     rec = np.diff(edges)
     if not shared_core or not len(x.comm):
         return np.maximum(rec, 0)
-    iv = x.comm[np.argsort(x.comm[:, 0])].astype(float)
     # overlap of each piece with the union of transfers
-    merged = [list(iv[0])]
-    for a, e in iv[1:]:
-        if a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], e)
-        else:
-            merged.append([a, e])
-    m = np.asarray(merged)
+    m = merge_intervals(x.comm.astype(float))
     lo, hi = edges[:-1, None], edges[1:, None]
     ov = np.clip(np.minimum(hi, m[None, :, 1]) - np.maximum(lo, m[None, :, 0]), 0, None).sum(axis=1)
     return np.maximum(rec - ov * float(shared_core) / 2, 0)
@@ -385,12 +379,8 @@ def predict(store_or_con, run: str | None = None, bucket_mb: float | None = None
     ``shared_core``: a rank's compute and its collectives share one core (default: True on gloo,
     where collectives run on the CPU; the reference workloads pin each rank to one core)."""
     con = alphabeta.prepare_comm_views(store_or_con)
-    if run is None:
-        runs = [r for (r,) in con.execute("SELECT DISTINCT run FROM steps ORDER BY run").fetchall()]
-        if len(runs) != 1:
-            raise TraceAnalyzerError(f"ddp what-if: the store holds {len(runs)} runs with steps ({', '.join(runs)}); "
-                                     "give run=")
-        run = runs[0]
+    from .graph import resolve_run
+    run = resolve_run(con, run, "ddp what-if")
     for name, v in (("bucket_mb", bucket_mb), ("first_bucket_mb", first_bucket_mb), ("recorded_bucket_mb", recorded_bucket_mb)):
         if v is not None and not v > 0:
             raise TraceAnalyzerError(f"ddp what-if: {name} must be > 0, got {v}")

@@ -87,13 +87,7 @@ def build_graph(store_or_con, run: str | None = None) -> Graph:
     have = {v for (v,) in con.execute("SELECT view_name FROM duckdb_views() WHERE temporary").fetchall()}
     if not {"clock_offsets", "pipeline_stages"} <= have:
         prepare(con)
-    runs = [r for (r,) in con.execute("SELECT DISTINCT run FROM steps ORDER BY run").fetchall()]
-    if run is None:
-        if len(runs) != 1:
-            raise TraceAnalyzerError(f"replay: the store holds {len(runs)} runs with steps ({', '.join(runs)}); give --run")
-        run = runs[0]
-    elif run not in runs:
-        raise TraceAnalyzerError(f"replay: run '{run}' has no steps in the store (runs: {', '.join(runs) or 'none'})")
+    run = resolve_run(con, run, "replay")
     g = _Builder(con, run).build()
     g.source = con
     try:
@@ -102,6 +96,34 @@ def build_graph(store_or_con, run: str | None = None) -> Graph:
     except Exception:  # noqa: BLE001 - no pipeline views: not a pipeline
         g.stages = None
     return g
+
+
+def resolve_run(con, run: str | None, who: str) -> str:
+    """The run to replay: ``run`` if the store has steps for it, else the store's only run with
+    steps; a one-line error naming ``who`` (the model) otherwise."""
+    runs = [r for (r,) in con.execute("SELECT DISTINCT run FROM steps ORDER BY run").fetchall()]
+    if run is None:
+        if len(runs) != 1:
+            raise TraceAnalyzerError(f"{who}: the store holds {len(runs)} runs with steps ({', '.join(runs)}); give --run")
+        return runs[0]
+    if run not in runs:
+        raise TraceAnalyzerError(f"{who}: run '{run}' has no steps in the store (runs: {', '.join(runs) or 'none'})")
+    return run
+
+
+def merge_intervals(iv) -> np.ndarray:
+    """Sorted, disjoint union of (start, end) intervals (an (n, 2) array; empty stays empty)."""
+    iv = np.asarray(iv)
+    if not len(iv):
+        return iv.reshape(0, 2)
+    iv = iv[np.argsort(iv[:, 0], kind="stable")]
+    merged = [list(iv[0])]
+    for a, e in iv[1:]:
+        if a <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([a, e])
+    return np.asarray(merged, dtype=iv.dtype)
 
 
 class _Builder:

@@ -182,14 +182,8 @@ def stage_costs(store_or_con, run: str | None = None) -> StageCosts:
     # so a connection that has them (prepared by an earlier call or by the analyses) keeps them
     if not con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name IN ('pipeline_stages', 'clock_offsets')").fetchone()[0] == 2:
         prepare(con)
-    runs = [r for (r,) in con.execute("SELECT DISTINCT run FROM steps ORDER BY run").fetchall()]
-    if run is None:
-        if len(runs) != 1:
-            raise TraceAnalyzerError(f"pipeline what-if: the store holds {len(runs)} runs with steps "
-                                     f"({', '.join(runs)}); give the run")
-        run = runs[0]
-    elif run not in runs:
-        raise TraceAnalyzerError(f"pipeline what-if: run '{run}' has no steps in the store (runs: {', '.join(runs) or 'none'})")
+    from .graph import resolve_run
+    run = resolve_run(con, run, "pipeline what-if")
     shape = con.execute("SELECT n_stages, stages_per_rank, microbatches, schedule FROM pipeline_shape WHERE run = $run",
                         {"run": run}).fetchall()
     if not shape:
