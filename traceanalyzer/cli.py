@@ -139,7 +139,7 @@ def _cmd_replay(args) -> int:
     structural = plan["actions"][0]["action"] in rp.STRUCTURAL
     if structural:
         res = rp.run_plan(args.store, plan, run=args.run)
-        run = getattr(res, "run", None) or getattr(getattr(res, "costs", None), "run", None) or args.run
+        run = res.run
         print(f"run '{run}', plan '{plan['name']}' ({plan['actions'][0]['action']} model): identity model error "
               f"(the recorded settings through the same model) median {100 * res.identity_error['median']:.2f}%, "
               f"P90 {100 * res.identity_error['p90']:.2f}% over {res.identity_error['n']} rank-steps")

@@ -63,11 +63,16 @@ def _sim(g: Graph, sim: Simulator | None) -> Simulator:
     return sim if sim is not None else Simulator(g)
 
 
-def identity(g: Graph, sim: Simulator | None = None) -> pd.DataFrame:
-    """Identity replay per (rank, step): measured_ns, simulated_ns, error (|sim - meas| / meas)."""
-    st = step_times(g, _sim(g, sim).run())
+def _identity_steps(g: Graph, sched: Schedule) -> pd.DataFrame:
+    """Per (rank, step) of the identity schedule: measured_ns, simulated_ns, error."""
+    st = step_times(g, sched)
     st["error"] = (st["simulated_ns"] - st["measured_ns"]).abs() / st["measured_ns"]
     return st[["rank", "step", "measured_ns", "simulated_ns", "error"]].sort_values(["step", "rank"]).reset_index(drop=True)
+
+
+def identity(g: Graph, sim: Simulator | None = None) -> pd.DataFrame:
+    """Identity replay per (rank, step): measured_ns, simulated_ns, error (|sim - meas| / meas)."""
+    return _identity_steps(g, _sim(g, sim).run())
 
 
 def error_summary(ident: pd.DataFrame) -> dict:
@@ -106,9 +111,7 @@ def what_if(g: Graph, plan, sim: Simulator | None = None, typical: np.ndarray | 
     plan = load_plan(plan)
     sim = _sim(g, sim)
     ident_sched = sim.run()
-    ident = step_times(g, ident_sched)
-    ident["error"] = (ident["simulated_ns"] - ident["measured_ns"]).abs() / ident["measured_ns"]
-    ident = ident[["rank", "step", "measured_ns", "simulated_ns", "error"]]
+    ident = _identity_steps(g, ident_sched)
     dur = apply_plan(g, plan, typical=typical)
     sched = sim.run(dur)
     pred = step_times(g, sched)[["rank", "step", "simulated_ns"]].rename(columns={"simulated_ns": "predicted_ns"})
@@ -154,8 +157,8 @@ def straggler_metrics(g: Graph, sim: Simulator | None = None, top_pct: float = 3
     (pipelines only)."""
     sim = _sim(g, sim)
     typ = typical_durations(g)
-    ident = sim.run()
-    T = job_step_ns(step_times(g, ident), "simulated_ns")
+    ident = _identity_steps(g, sim.run())
+    T = job_step_ns(ident, "simulated_ns")
 
     def job(dur) -> float:
         return job_step_ns(step_times(g, sim.run(dur)), "simulated_ns")
@@ -185,7 +188,7 @@ def straggler_metrics(g: Graph, sim: Simulator | None = None, top_pct: float = 3
     out = {"run": g.run, "T_ns": T, "T_ideal_ns": T_ideal, "S": T / T_ideal if T_ideal > 0 else float("nan"),
            "per_rank": per_rank_df,
            "per_op_type": pd.DataFrame(per_type, columns=["op_type", "T_ideal_minus_t_ns", "S_t"]),
-           "identity_error": error_summary(identity(g, sim))}
+           "identity_error": error_summary(ident)}
     out["waste"] = 1 - 1 / out["S"] if out["S"] > 0 else float("nan")
     k = max(1, int(np.ceil(len(ranks) * top_pct / 100)))
     worst = per_rank_df.nlargest(k, "S_w")["rank"].tolist() if len(per_rank_df) else ranks[:1]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 
 from .graph import KIND_NAMES, KERNEL, OP, POST, Graph
 from .simulate import Schedule
@@ -43,16 +44,19 @@ def write_chrome_trace(g: Graph, sched: Schedule, path: str, name: str = "replay
 
 def timeline_chrome(timeline, run: str, name: str = "replay") -> dict:
     """A Chrome trace of a structural what-if's predicted timeline (rank, [lane,] name, start_ns,
-    end_ns: ``replay.ddp`` / ``replay.pipeline`` results): one process per rank, one track per lane."""
+    end_ns, any other columns as args: ``replay.ddp`` / ``replay.pipeline`` results): one process
+    per rank, one track per lane."""
     t = timeline
     t0 = int(t["start_ns"].min()) if len(t) else 0
-    lanes = t["lane"].astype(str) if "lane" in t else None
-    tids = {v: i for i, v in enumerate(sorted(set(lanes)))} if lanes is not None else {}
-    ev = [{"ph": "M", "name": "process_name", "pid": int(r), "args": {"name": f"rank {int(r)} ({name})"}}
-          for r in sorted(t["rank"].unique())]
+    ranks = sorted(t["rank"].unique())
+    lanes = t["lane"].astype(str) if "lane" in t else pd.Series("", index=t.index)
+    tids = {v: i for i, v in enumerate(sorted(set(lanes)))}
+    extra = [c for c in t.columns if c not in ("rank", "lane", "name", "start_ns", "end_ns")]
+    ev = [{"ph": "M", "name": "process_name", "pid": int(r), "args": {"name": f"rank {int(r)} ({name})"}} for r in ranks]
     ev += [{"ph": "M", "name": "thread_name", "pid": int(r), "tid": tid, "args": {"name": lane}}
-           for lane, tid in tids.items() for r in sorted(t["rank"].unique())]
-    for i, x in enumerate(t.itertuples(index=False)):
-        ev.append({"ph": "X", "name": str(x.name), "pid": int(x.rank), "tid": tids.get(lanes.iat[i], 0) if lanes is not None else 0,
-                   "ts": (int(x.start_ns) - t0) / 1000.0, "dur": (int(x.end_ns) - int(x.start_ns)) / 1000.0})
+           for lane, tid in tids.items() if lane for r in ranks]
+    for (i, x), lane in zip(t.iterrows(), lanes):
+        ev.append({"ph": "X", "name": str(x["name"]), "cat": name, "pid": int(x["rank"]), "tid": tids[lane],
+                   "ts": (int(x["start_ns"]) - t0) / 1000.0, "dur": (int(x["end_ns"]) - int(x["start_ns"])) / 1000.0,
+                   "args": {c: (x[c].item() if hasattr(x[c], "item") else x[c]) for c in extra}})
     return {"traceEvents": ev, "displayTimeUnit": "ms", "otherData": {"run": run, "plan": name}}

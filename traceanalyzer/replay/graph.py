@@ -552,9 +552,9 @@ class _Builder:
         labels, label = _codes(nd["label"].astype(str))
         categories, category = _codes(pd.Series(np.where(np.isin(kind, [WAIT]), "wait", nd["category"].astype(str))))
         lanes = pd.DataFrame(self.lane_rows, columns=["lane", "rank", "tid", "is_gpu", "type"])
-        self.lanes_gpu = lanes.loc[lanes["type"] == "gpu", "lane"].tolist()
         steps = self._steps(ms, me)
-        steps = self._gpu_tails(steps, ms, me, kind, nd["lane"].to_numpy(), nd["rank"].to_numpy())
+        steps = self._gpu_tails(steps, me, kind, nd["lane"].to_numpy(), nd["rank"].to_numpy(), ms,
+                                lanes.loc[lanes["type"] == "gpu", "lane"].to_numpy())
         return Graph(run=self.run, ms=ms, me=me, dur=dur, lane=nd["lane"].to_numpy(np.int32),
                      rank=nd["rank"].to_numpy(np.int32), kind=kind.astype(np.int8), label=label, category=category,
                      inst=nd["inst"].to_numpy(np.int64), rel=rel, ptr=ptr, src=src, lag=lag, is_lane_edge=is_lane,
@@ -580,14 +580,13 @@ class _Builder:
                                            "end_node", "end_uses_end"])
 
 
-    def _gpu_tails(self, steps, ms, me, kind, lane, rank):
+    def _gpu_tails(self, steps, me, kind, lane, rank, ms, gpu_lanes):
         """GPU work of each step: the GPU nodes (kernels, GPU collectives) that start between the
         step's recorded CPU start and the next step's. Why: the CPU leaves a step as soon as it
         has launched the work, so a step's time is from its CPU start to the later of its CPU end
         and the end of that GPU work (``gpu_nodes``; the measured time likewise), else a what-if
         that slows the GPU down changes nothing in a trace of one step."""
-        gpu_lanes = set(self.lanes_gpu) if hasattr(self, "lanes_gpu") else set()
-        on_gpu = np.isin(lane, list(gpu_lanes)) & np.isin(kind, [KERNEL, POST]) if gpu_lanes else np.zeros(len(lane), bool)
+        on_gpu = np.isin(lane, gpu_lanes) & np.isin(kind, [KERNEL, POST])
         steps["gpu_nodes"] = [np.zeros(0, np.int64)] * len(steps)
         steps["measured_ns"] = steps["measured_ns"].astype(np.int64)
         if not on_gpu.any() or steps.empty:

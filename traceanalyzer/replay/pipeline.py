@@ -504,16 +504,16 @@ class PipelineWhatIf:
         from .simulate import job_step_ns
         return job_step_ns(self.steps, column)
 
+    @property
+    def run(self) -> str:
+        return self.costs.run
+
     def chrome_trace(self, name: str = "pipeline what-if") -> dict:
         """The predicted timeline as a Chrome/Perfetto trace (one process per rank, µs)."""
-        t = self.timeline
-        t0 = int(t["start_ns"].min()) if len(t) else 0
-        ev = [{"ph": "M", "name": "process_name", "pid": int(r), "args": {"name": f"rank {int(r)} ({name})"}}
-              for r in sorted(t["rank"].unique())]
-        ev += [{"ph": "X", "name": x.name, "cat": "pipeline", "pid": int(x.rank), "tid": 0,
-                "ts": (x.start_ns - t0) / 1000.0, "dur": (x.end_ns - x.start_ns) / 1000.0,
-                "args": {"step": int(x.step), "stage": int(x.stage)}} for x in t.itertuples()]
-        return {"traceEvents": ev, "displayTimeUnit": "ms", "otherData": {"run": self.costs.run, "plan": self.plan}}
+        from .chrome import timeline_chrome
+        doc = timeline_chrome(self.timeline, self.costs.run, name=name)
+        doc["otherData"]["plan"] = self.plan
+        return doc
 
 
 def _plan_costs(c: StageCosts, step, order: dict):
