@@ -250,11 +250,17 @@ read_fr_entries = read_fr_json
 
 
 def join_fr(rows: list[dict], entries: list[FrEntry]) -> int:
-    """Give gloo collective rows the FR's process group and sequence id; returns rows joined."""
+    """Give collective rows the FR's process group and sequence id; returns rows joined.
+
+    gloo rows (no group, no sequence number in the trace) and NCCL rows whose trace carries no
+    sequence number (torch 2.11's ``record_param_comms`` has none; seen on an H200) are joined to
+    the FR entry created inside their enqueue span; an NCCL row keeps its own group, and only an
+    entry of that group can join it."""
     collectives = sorted((e for e in entries if not e.is_p2p and e.time_created_ns > 0 and e.process_group),
                          key=lambda e: e.time_created_ns)
-    candidates = sorted((r for r in rows if r["dialect"] == "gloo" and not r["is_p2p"]
-                         and r["enqueue_ts_ns"] is not None), key=lambda r: r["enqueue_ts_ns"])
+    candidates = sorted((r for r in rows if not r["is_p2p"] and r["enqueue_ts_ns"] is not None
+                         and (r["dialect"] == "gloo" or (r["dialect"] == "nccl" and r.get("nccl_seq") is None))),
+                        key=lambda r: r["enqueue_ts_ns"])
     joined, i = 0, 0
     for r in candidates:
         lo, hi = r["enqueue_ts_ns"], r["enqueue_ts_ns"] + r["enqueue_dur_ns"]
@@ -262,6 +268,13 @@ def join_fr(rows: list[dict], entries: list[FrEntry]) -> int:
             i += 1
         if i < len(collectives) and collectives[i].time_created_ns <= hi:
             e = collectives[i]
+            if r["dialect"] == "nccl":
+                if r.get("pg_name") is not None and str(e.process_group[0]) != str(r["pg_name"]):
+                    continue
+                r.update(fr_seq=e.collective_seq_id)
+                joined += 1
+                i += 1
+                continue
             r.update(pg_name=str(e.process_group[0]), pg_source="flight_recorder", pg_inferred=False,
                      fr_seq=e.collective_seq_id)
             if len(e.process_group) > 1 and e.process_group[1]:

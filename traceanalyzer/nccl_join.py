@@ -82,8 +82,24 @@ _NCCL_SQL = {
         FROM nccl_profiler_events WHERE cat = 'COLL' AND op IN {ops} ORDER BY run, rank, nccl_comm, start_rel_ns""",
 }
 
+#: every Flight Recorder collective of each (run, rank, group) with the NCCL-side op it is, in
+#: sequence order (profiling names are "nccl:all_reduce", "nccl:_allgather_base", ...)
+_FR_SQL = """
+    SELECT run, rank, pg_name, collective_seq_id AS seq,
+           regexp_replace(lower(profiling_name), '^[a-z0-9]+:', '') AS fr_op
+    FROM fr_entries WHERE NOT is_p2p AND collective_seq_id IS NOT NULL
+      AND (run, rank) IN (SELECT DISTINCT run, rank FROM _nccl_ranks)
+    QUALIFY row_number() OVER (PARTITION BY run, rank, pg_name, collective_seq_id ORDER BY record_id DESC) = 1
+    ORDER BY run, rank, pg_name, seq"""
+
+#: FR profiling names (after "backend:") of the ops NCCL runs as one collective each
+_FR_NCCL_COLLECTIVE = ("all_reduce", "allreduce", "allreduce_coalesced", "all_gather", "allgather", "_allgather_base",
+                       "all_gather_into_tensor", "allgather_into_tensor_coalesced", "reduce_scatter",
+                       "_reduce_scatter_base", "reduce_scatter_tensor", "broadcast", "reduce", "barrier",
+                       "all_reduce_barrier")
+
 _PROFILER_SQL = """
-    SELECT run, rank, window_id, pg_name, comm_id, seq,
+    SELECT run, rank, window_id, pg_name, comm_id, seq, seq_source,
            CASE WHEN op = 'barrier' THEN 'all_reduce' ELSE op END AS op,
            CASE WHEN op = 'barrier' THEN 1 WHEN op = 'reduce_scatter' THEN out_nelems ELSE in_nelems END AS nelems,
            CASE WHEN op = 'barrier' THEN NULL WHEN op = 'reduce_scatter' THEN out_bytes ELSE in_bytes END AS bytes,
@@ -171,7 +187,9 @@ def compute(con, params: JoinParams = JoinParams()) -> tuple[pd.DataFrame, dict[
     ranks = pd.concat([d[["run", "rank"]] for d in nccl.values()]).drop_duplicates()
     con.register("_nccl_ranks", ranks)
     prof = con.execute(_PROFILER_SQL.format(ops_barrier=ops[:-1] + ", 'barrier')")).df()
+    fr = con.execute(_FR_SQL).df()
     con.unregister("_nccl_ranks")
+    fr_pos = _fr_positions(fr)
     pids = {(r, k): set(v) for r, k, v in con.execute("SELECT run, rank, list(DISTINCT pid) FROM ranks GROUP BY ALL").fetchall()}
     groups = {key: g.to_dict("records") for key, g in prof.groupby(["run", "rank"], sort=False)}
     rows, seqs = [], {}
@@ -179,14 +197,42 @@ def compute(con, params: JoinParams = JoinParams()) -> tuple[pd.DataFrame, dict[
         for (run, rank, comm), g in df.groupby(["run", "rank", "nccl_comm"], sort=True):
             ops_ = g.to_dict("records")
             seqs[(src, run, rank, comm)] = ops_
-            rows += _map_comm(src, run, int(rank), comm, ops_, groups.get((run, rank), []), pids.get((run, rank), set()), params)
+            rows += _map_comm(src, run, int(rank), comm, ops_, groups.get((run, rank), []), pids.get((run, rank), set()),
+                              params, fr_pos if src == "nccl_log" else {})
     rows = _conflicts(rows)
     rows = _transfer(rows, seqs, groups, params)
     links = _links(rows, seqs, groups)
     return pd.DataFrame(rows, columns=[c.name for c in S.NCCL_COMM_MAP.columns]), links
 
 
-def _map_comm(src, run, rank, comm, ops_, prof_rows, pids, p: JoinParams) -> list[dict]:
+def _fr_positions(fr: pd.DataFrame) -> dict:
+    """(run, rank, pg) -> {seq: position among the group's NCCL collectives since the group began},
+    only where the Flight Recorder holds the group's whole history (sequence ids 1, 2, ... without
+    a gap: the ring has not wrapped). A debug log starts at the communicator's creation, so its
+    i-th collective line is the group's collective at position i."""
+    out = {}
+    for (run, rank, pg), g in fr.groupby(["run", "rank", "pg_name"], sort=False):
+        seqs = g["seq"].to_numpy()
+        if len(seqs) == 0 or seqs[0] != 1 or (seqs[1:] - seqs[:-1] != 1).any():
+            continue
+        is_coll = g["fr_op"].isin(_FR_NCCL_COLLECTIVE).to_numpy()
+        pos = is_coll.cumsum() - 1
+        out[(run, int(rank), str(pg))] = {int(q): int(i) for q, i, c in zip(seqs, pos, is_coll) if c}
+    return out
+
+
+def _fr_offset(rows_: list[dict], fr_pos: dict, run, rank, pg) -> int | None:
+    """The one alignment the Flight Recorder implies for these profiler rows (position j = NCCL
+    position + offset), when their sequence ids are the group's own (FR- or NCCL-numbered)."""
+    pos = fr_pos.get((run, rank, str(pg)))
+    if not pos:
+        return None
+    offs = {j - pos[int(r["seq"])] for j, r in enumerate(rows_)
+            if r.get("seq_source") in ("flight_recorder", "nccl_seq") and not pd.isna(r["seq"]) and int(r["seq"]) in pos}
+    return offs.pop() if len(offs) == 1 else None
+
+
+def _map_comm(src, run, rank, comm, ops_, prof_rows, pids, p: JoinParams, fr_pos: dict | None = None) -> list[dict]:
     first = ops_[0]
     base = {"run": run, "rank": rank, "source": src, "nccl_comm": comm.split(":", 1)[-1] if src == "nccl_log" else comm,
             "comm_hash": _hash(first["comm_hash"]), "nccl_nranks": None if pd.isna(first["nranks"]) else int(first["nranks"]),
@@ -218,7 +264,11 @@ def _map_comm(src, run, rank, comm, ops_, prof_rows, pids, p: JoinParams) -> lis
                         "reason": f"no offset against {'process group ' + str(torch_pg) if torch_pg else 'any process group'} "
                                   f"of window {window} makes {min(p.min_ops, len(ops_))} or more of its {len(ops_)} ops agree"})
             continue
-        evidence = ["ops_sizes"] + (["durations"] if f.by_durations else []) + (["torch_log"] if torch_pg else []) + ([pid_ok] if pid_ok else [])
+        anchor = _fr_offset(cands[pg], fr_pos or {}, run, rank, pg) if len(f.tied) > 1 and not f.by_durations else None
+        by_fr = anchor is not None and anchor in f.tied
+        if by_fr:
+            f.offset, f.n_compared, f.n_matched = anchor, f.n_compared, f.n_matched
+        evidence = ["ops_sizes"] + (["durations"] if f.by_durations else []) + (["flight_recorder"] if by_fr else []) + (["torch_log"] if torch_pg else []) + ([pid_ok] if pid_ok else [])
         row.update(pg_name=pg, n_pg_ops=len(cands[pg]), pos_offset=f.offset, n_compared=f.n_compared, n_matched=f.n_matched,
                    score=round(f.score, 4), n_tied=len(f.tied), dur_error=f.dur_error, evidence=";".join(evidence))
         what = f"{f.n_matched} of {min(len(ops_), len(cands[pg]))} ops agree (op, size, group size) at offset {f.offset}"
@@ -229,7 +279,7 @@ def _map_comm(src, run, rank, comm, ops_, prof_rows, pids, p: JoinParams) -> lis
                   f"{what}: score {f.score:.2f} < min_score {p.min_score}"
         elif others:
             status, why = "ambiguous", f"process groups {', '.join(map(str, [pg] + others))} fit equally well ({what})"
-        elif len(f.tied) > 1 and not f.by_durations:
+        elif len(f.tied) > 1 and not f.by_durations and not by_fr:
             status = "ambiguous"
             why = (f"{len(f.tied)} alignments fit process group {pg} equally (offsets {', '.join(map(str, sorted(f.tied)[:6]))}"
                    f"{', ...' if len(f.tied) > 6 else ''}): the ops repeat; " +
@@ -237,7 +287,9 @@ def _map_comm(src, run, rank, comm, ops_, prof_rows, pids, p: JoinParams) -> lis
         else:
             status = "joined"
             why = what + (f"; {len(f.tied)} repeating alignments told apart by durations (median error {f.dur_error:.3f})"
-                          if f.by_durations else "")
+                          if f.by_durations else "") + \
+                (f"; {len(f.tied)} repeating alignments told apart by the Flight Recorder's sequence ids "
+                 "(the log starts when the communicator is created)" if by_fr else "")
         out.append({**row, "status": status, "reason": why})
     return out
 

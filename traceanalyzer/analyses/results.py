@@ -205,8 +205,8 @@ def format_text(results: dict[str, pd.DataFrame], params: dict) -> str:
         for r in (a2a[a2a["is_finding"]].itertuples() if not a2a.empty else ()):
             lines.append(f"all_to_all imbalance #{r.rank_order}: rank {r.rank} receives {r.recv_over_mean:.2f}x and sends "
                          f"{r.sent_over_mean:.2f}x the mean bytes of the ranks (MoE routing skew)")
-        if "overlap" in sel and not sel["overlap"].empty:
-            o = sel["overlap"]
+        if "overlap" in sel and sel["overlap"]["overlap_pct"].notna().any():
+            o = sel["overlap"].dropna(subset=["overlap_pct"])
             lines.append(f"overlap: {o['overlap_pct'].mean():.1f}% of communication overlapped on average "
                          f"(min rank {int(o.loc[o['overlap_pct'].idxmin(), 'rank'])}: {o['overlap_pct'].min():.1f}%); "
                          f"exposed {_ms(o['exposed_ns'].sum() / max(len(o), 1))} per rank in the window")

@@ -27,26 +27,66 @@ def enable_flight_recorder(entries: int = FR_BUFFER_ENTRIES) -> None:
         os.environ[FR_BUFFER_ENV] = str(entries)
 
 
-def dump_flight_recorder(path: Path) -> bool:
-    """Write this process's FR buffer as JSON, with stack frames, to `path`; False if this torch
-    cannot dump.
+def _plain_dumps(c10d) -> list[tuple[str, dict]]:
+    """This process's FR buffers as plain dicts: NCCL's own recorder (CUDA builds,
+    ``_dump_nccl_trace``) and the device-agnostic one that gloo uses (``_dump_fr_trace``).
+    Both pickles carry the entries' stack frames."""
+    from traceanalyzer.safe_pickle import load_plain
 
-    torch 2.13's `_dump_fr_trace_json()` leaves out the entries' stack `frames`; its pickle dump
-    `_dump_fr_trace()` has them. So the pickle is dumped here, in our own process, read back with
-    the plain-data unpickler and written as JSON (same keys as torch's JSON; tuples become lists,
-    missing times stay null, and "dumped_by" says where it came from). Torch's own JSON dump is
-    the fallback. The file is written whole or not at all (write, then rename).
+    docs = []
+    for name in ("_dump_nccl_trace", "_dump_fr_trace"):
+        fn = getattr(c10d, name, None)
+        if fn is None:
+            continue
+        try:
+            raw = fn()
+        except Exception:  # noqa: BLE001 - a recorder that is off or unused raises in some releases
+            continue
+        docs.append((name, load_plain(raw, f"<this process's Flight Recorder ({name})>")))
+    return docs
+
+
+def merge_dumps(docs: list[tuple[str, dict]]) -> dict:
+    """One FR document from several recorders of one process (a job with NCCL and gloo groups
+    has entries in both): entries ordered by creation time and renumbered (``record_id`` must
+    be monotonic per rank), ``pg_config``/``pg_status`` united, the rest from the first
+    recorder that has entries. ``dumped_by`` names the recorders."""
+    with_entries = [d for _, d in docs if d.get("entries")] or [d for _, d in docs[:1]]
+    out = dict(with_entries[0])
+    if len(docs) > 1:
+        entries = [e for _, d in docs for e in (d.get("entries") or [])]
+        entries.sort(key=lambda e: (e.get("time_created_ns") or 0, e.get("record_id") or 0))
+        for i, e in enumerate(entries):
+            e["record_id"] = i
+        out["entries"] = entries
+        for key in ("pg_config", "pg_status"):
+            merged: dict = {}
+            for _, d in docs:
+                merged.update(d.get(key) or {})
+            out[key] = merged
+    names = "+".join(f"torch._C._distributed_c10d.{n}()" for n, _ in docs)
+    out["dumped_by"] = f"traceanalyzer.collect: {names} as JSON"
+    return out
+
+
+def dump_flight_recorder(path: Path) -> bool:
+    """Write this process's FR buffer(s) as JSON, with stack frames, to `path`; False if this
+    torch cannot dump.
+
+    torch 2.13's `_dump_fr_trace_json()` leaves out the entries' stack `frames`; the pickle dumps
+    (`_dump_fr_trace()`, and NCCL's own recorder `_dump_nccl_trace()` in CUDA builds) have them.
+    So the pickles are dumped here, in our own process, read back with the plain-data unpickler,
+    merged (:func:`merge_dumps`) and written as JSON (same keys as torch's JSON; tuples become
+    lists, missing times stay null, and "dumped_by" says where it came from). Torch's own JSON
+    dump is the fallback. The file is written whole or not at all (write, then rename).
     """
     import torch
 
     c10d = torch._C._distributed_c10d
     data = None
-    if hasattr(c10d, "_dump_fr_trace"):
-        from traceanalyzer.safe_pickle import load_plain
-
-        doc = load_plain(c10d._dump_fr_trace(), "<this process's Flight Recorder>")
-        doc["dumped_by"] = "traceanalyzer.collect: torch._C._distributed_c10d._dump_fr_trace() as JSON"
-        data = json.dumps(doc, separators=(",", ":")).encode()
+    docs = _plain_dumps(c10d)
+    if docs:
+        data = json.dumps(merge_dumps(docs), separators=(",", ":")).encode()
     elif hasattr(c10d, "_dump_fr_trace_json"):
         data = c10d._dump_fr_trace_json()
     if data is None:

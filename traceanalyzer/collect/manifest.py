@@ -59,6 +59,17 @@ def current_device() -> str:
     return "cpu"
 
 
+def nccl_version() -> str | None:
+    """The NCCL this torch is built with ("2.27.5"), None without CUDA/NCCL."""
+    import torch
+
+    try:
+        v = torch.cuda.nccl.version()
+    except Exception:  # noqa: BLE001 - CPU builds have no NCCL
+        return None
+    return ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+
+
 def rank_part(*, run: str, rank: int, clock: dict[str, int], files: dict[str, Any],
               exit_status: str) -> dict[str, Any]:
     return {
@@ -87,6 +98,8 @@ def run_part(*, run: str, world_size: int, backend: str | None, layout: Mapping 
         "world_size": world_size,
         "backend": backend,
         "torch_version": torch.__version__,
+        "nccl_version": nccl_version(),
+        "cuda_version": torch.version.cuda,
         "process_groups": process_groups(),
         "layout": dict(layout or {}),
         "ground_truth": dict(ground_truth or {}),

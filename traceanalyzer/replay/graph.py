@@ -42,6 +42,7 @@ NO_REL = np.iinfo(np.int64).min // 4
 
 _BLOCKING_SYNC = ("Synchronize",)           # cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize
 _GAP_WAIT_MAX_TAIL_NS = 1_000_000           # a gap is a wait for a completion that ends it within 1 ms
+_CROSS_THREAD_MIN_GAP_NS = 100_000          # shorter gaps are not taken as waits for another thread
 
 
 @dataclass
@@ -269,6 +270,7 @@ class _Builder:
         cuts_by = {k: g["t"].to_numpy() for k, g in self.cuts.groupby(["rank", "tid"])}
         # gloo collectives completing on a runloop: the issuing thread waits in the gap that the completion ends
         gapwait = []
+        tops = {}
         for (rank, tid), g in cpu.groupby(["rank", "tid"], sort=True):
             work = g[g["kind"] != "step"].sort_values(["ts", "dur_ns"], ascending=[True, False])
             if work.empty:
@@ -276,11 +278,16 @@ class _Builder:
             ts, te = work["ts"].to_numpy(), work["te"].to_numpy()
             prev_max = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(te)[:-1]])
             top = ts >= prev_max
-            starts = ts[top]
-            ends = np.maximum.reduceat(te, np.flatnonzero(top))
-            names = work["name"].to_numpy()[top]
-            kinds = work["kind"].to_numpy()[top]
+            tops[(rank, tid)] = (ts[top], np.maximum.reduceat(te, np.flatnonzero(top)),
+                                 work["name"].to_numpy()[top], work["kind"].to_numpy()[top])
+        cross = _cross_thread_waits(tops)
+        if len(cross):
+            gapwait.append(cross)
+        cross_pts = {k: g["hi"].to_numpy() for k, g in cross.groupby(["rank", "tid"])} if len(cross) else {}
+        for (rank, tid), (starts, ends, names, kinds) in tops.items():
             pts = [starts, ends]
+            if (rank, tid) in cross_pts:
+                pts.append(cross_pts[(rank, tid)])
             s = st[(st["rank"] == rank)]
             if self.step_tid.get(rank) == tid:
                 pts += [s["start_ts_ns"].to_numpy(), s["end_ts_ns"].to_numpy()]
@@ -433,6 +440,9 @@ class _Builder:
         src.append(s[ok]); dst.append(L["node"].to_numpy()[ok])
         # cudaStreamWaitEvent: next op launched by the thread waits for the last one launched on another stream
         self._stream_wait_edges(L, src, dst)
+        # GPU ops launched by a collective's own thread (gloo with CUDA tensors stages them through
+        # host memory: a device-to-host copy before the transfer, host-to-device after it)
+        self._runloop_launch_edges(nd, gpu_first, src, dst)
         # runloop enqueue -> ARRIVE
         arr = nd[nd["kind"] == ARRIVE][["rank", "comm_id"]].reset_index().rename(columns={"index": "node"})
         e = self.enq[~self.enq["on_gpu"].fillna(False)].merge(arr, on=["rank", "comm_id"])
@@ -466,6 +476,11 @@ class _Builder:
             kern = pd.Series(key["node"].to_numpy(), index=pd.MultiIndex.from_arrays([key["rank"], key["event_id"]]))
             kern = kern[~kern.index.duplicated(keep="last")]
             wsrc[m] = kern.reindex(pd.MultiIndex.from_arrays([w.loc[m, "rank"], w.loc[m, "src_ref"]])).fillna(-1).to_numpy()
+            m = (w["src_kind"] == "cpu").to_numpy()
+            if m.any():   # the other thread's node that ends at hi
+                wc = w[m]
+                wsrc[m] = self._by_point(wc.assign(src_tid=wc["src_ref"].astype(np.int64)), "rank", "src_tid", "hi",
+                                         ending=True)
             ok = (tgt >= 0) & (first >= 0) & (wsrc >= 0)
             for f, t in zip(first[ok], tgt[ok]):
                 kind[f:t] = WAIT   # contiguous on the lane (CPU lanes are laid out in order)
@@ -484,6 +499,37 @@ class _Builder:
         self.lane_src, self.lane_dst = lane_src, lane_dst
         self.x_src = np.concatenate(src).astype(np.int64)
         self.x_dst = np.concatenate(dst).astype(np.int64)
+
+    def _runloop_launch_edges(self, nd, gpu_first, src, dst):
+        """A GPU op launched from a runloop thread inside a collective's execution span depends on
+        that collective: on its arrival if launched before the last member arrived (the staging copy
+        out), else on its completion (the copy back in). Without the edge the copy keeps its
+        recorded distance to the previous op on its stream, whatever the collective does."""
+        if not self.runloop or gpu_first.empty:
+            return
+        ev = self.ev
+        rl = pd.DataFrame(sorted(self.runloop), columns=["rank", "tid"])
+        rt = ev[~ev["is_gpu"] & ev["correlation"].notna() & ev["kind"].isin(["runtime", "sync"])].merge(rl)
+        if rt.empty:
+            return
+        gpu = ev[ev["is_gpu"] & ev["correlation"].notna()][["rank", "correlation", "event_id"]]
+        lg = rt[["rank", "tid", "ts", "correlation"]].merge(gpu, on=["rank", "correlation"]).merge(
+            gpu_first[["rank", "event_id", "node"]], on=["rank", "event_id"])
+        if lg.empty:
+            return
+        q = self.enq[["rank", "exec_tid", "start_ts_ns", "end_ts_ns", "c", "comm_id"]].rename(columns={"exec_tid": "tid"})
+        q = q.astype({"tid": lg["tid"].dtype}).sort_values("start_ts_ns")
+        m = pd.merge_asof(lg.sort_values("ts"), q, left_on="ts", right_on="start_ts_ns", by=["rank", "tid"])
+        m = m[m["comm_id"].notna() & (m["ts"] <= m["end_ts_ns"])]
+        if m.empty:
+            return
+        part = np.where(m["ts"] < m["c"], ARRIVE, POST)
+        cn = nd[nd["kind"].isin([ARRIVE, POST]) & (nd["comm_id"] >= 0)]
+        cn = pd.Series(cn.index.to_numpy(), index=pd.MultiIndex.from_arrays([cn["rank"], cn["comm_id"], cn["kind"]]))
+        cn = cn[~cn.index.duplicated()]
+        s = cn.reindex(pd.MultiIndex.from_arrays([m["rank"], m["comm_id"].astype(np.int64), part])).fillna(-1).to_numpy()
+        ok = s >= 0
+        src.append(s[ok].astype(np.int64)); dst.append(m["node"].to_numpy()[ok])
 
     def _stream_wait_edges(self, L, src, dst):
         sw = self.cpu[self.cpu["name"] == "cudaStreamWaitEvent"]
@@ -607,6 +653,50 @@ class _Builder:
                     tail = int(me[nodes].max()) - int(w["start_ts_ns"].to_numpy()[order][pos])
                     steps.at[row, "measured_ns"] = max(int(steps.at[row, "measured_ns"]), tail)
         return steps
+
+
+def _cross_thread_waits(tops: dict) -> pd.DataFrame:
+    """Waits between the CPU threads of one rank: a gap on one thread that ends at most
+    _GAP_WAIT_MAX_TAIL_NS after another thread of the rank finished something inside that gap is a
+    wait for it. The two cases this is for (GPU jobs): the main thread calls backward and blocks
+    while autograd's device thread (pt_autograd_N) runs the backward pass -- its gap ends when the
+    last backward op ends; and that device thread sits idle through the forward pass until the main
+    thread hands it the loss -- its gap ends right after the main thread's last forward op. Without
+    these edges both gaps are fixed CPU time, and a faster forward/backward moves nothing.
+    Gaps shorter than _CROSS_THREAD_MIN_GAP_NS are left alone; per gap the latest such end counts.
+    Returns rows (rank, tid, lo, hi, src_kind="cpu", src_ref=source tid) like the other waits."""
+    rows = []
+    by_rank: dict = {}
+    for (rank, tid), v in tops.items():
+        by_rank.setdefault(rank, []).append((tid, v))
+    for rank, lanes in by_rank.items():
+        if len(lanes) < 2:
+            continue
+        for tid, (starts, ends, _, _) in lanes:
+            if len(starts) < 2:
+                continue
+            gap_lo, gap_hi = ends[:-1], starts[1:]
+            keep = gap_hi - gap_lo >= _CROSS_THREAD_MIN_GAP_NS
+            if not keep.any():
+                continue
+            gap_lo, gap_hi = gap_lo[keep], gap_hi[keep]
+            best = np.full(len(gap_lo), np.iinfo(np.int64).min)
+            best_tid = np.zeros(len(gap_lo), dtype=np.int64)
+            for other, (_, o_ends, _, _) in lanes:
+                if other == tid or not len(o_ends):
+                    continue
+                k = np.searchsorted(o_ends, gap_hi, side="right") - 1   # o_ends is sorted (top level)
+                e = np.where(k >= 0, o_ends[np.maximum(k, 0)], np.iinfo(np.int64).min)
+                ok = (e > gap_lo) & (gap_hi - e <= _GAP_WAIT_MAX_TAIL_NS) & (e > best)
+                best = np.where(ok, e, best)
+                best_tid = np.where(ok, other, best_tid)
+            m = best > np.iinfo(np.int64).min
+            if m.any():
+                rows.append(pd.DataFrame({"rank": rank, "tid": tid, "lo": gap_lo[m], "hi": best[m],
+                                          "src_kind": "cpu", "src_ref": best_tid[m]}))
+    if not rows:
+        return pd.DataFrame(columns=["rank", "tid", "lo", "hi", "src_kind", "src_ref"])
+    return pd.concat(rows, ignore_index=True)
 
 
 def _codes(values: pd.Series):

@@ -12,7 +12,8 @@ import torch.distributed as dist
 
 from traceanalyzer.collect import enable_flight_recorder
 
-BACKEND = "gloo"  # CPU-only reference runs
+BACKENDS = ("gloo", "nccl")
+DEVICES = ("cpu", "cuda")
 DEFAULT_STEPS = 6  # wait 1 + warmup 1 + active 3 + 1 spare: exactly one profiling window
 MODELS = ("mlp", "transformer")
 DEFAULT_IMBALANCE_FACTOR = 2.0
@@ -46,6 +47,11 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", default=None, help="also ingest the run into this store at the end (rank 0)")
     p.add_argument("--no-pin", dest="pin", action="store_false",
                    help="do not pin each rank (and its gloo threads) to one CPU core")
+    p.add_argument("--backend", choices=BACKENDS, default="gloo",
+                   help="process-group backend (default gloo; nccl needs one GPU per rank)")
+    p.add_argument("--device", choices=DEVICES, default=None,
+                   help="where the model and data live (default: cuda with nccl, else cpu); "
+                        "with gloo, cuda ranks may share one GPU (gloo stages CUDA tensors through host memory)")
 
 
 def profile_kwargs(args: argparse.Namespace) -> dict:
@@ -66,13 +72,38 @@ def pin_to_core() -> None:
     os.sched_setaffinity(0, {cores[local_rank % len(cores)]})
 
 
-def init_distributed(seed: int, pin: bool = True) -> tuple[int, int]:
-    """gloo process group on one thread per rank (2-core hosts run 4 ranks); returns (rank, world)."""
+def device_of(args: argparse.Namespace) -> torch.device:
+    """This rank's device: ``cpu``, or ``cuda:(LOCAL_RANK mod GPUs)`` (ranks share GPUs round robin)."""
+    kind = args.device or ("cuda" if args.backend == "nccl" else "cpu")
+    if kind == "cpu":
+        if args.backend == "nccl":
+            raise SystemExit("--backend nccl needs --device cuda (NCCL moves GPU tensors only)")
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise SystemExit(f"--device cuda: no CUDA device is visible to this process (torch {torch.__version__})")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    gpus = torch.cuda.device_count()
+    if args.backend == "nccl" and local_world > gpus:
+        raise SystemExit(f"--backend nccl: {local_world} ranks on this host but {gpus} GPU(s); NCCL refuses "
+                         "two ranks on one GPU: use --backend gloo --device cuda to share a GPU")
+    return torch.device("cuda", local_rank % gpus)
+
+
+def init_distributed(seed: int, pin: bool = True, args: argparse.Namespace | None = None
+                     ) -> tuple[int, int]:
+    """The process group (gloo, or NCCL with ``--backend nccl``) with one intra-op thread per rank
+    (2-core hosts run 4 ranks); returns (rank, world). With ``args``, the rank's CUDA device (if
+    any) is made current first, so NCCL and the profiler see the right GPU."""
+    backend = args.backend if args is not None else "gloo"
+    device = device_of(args) if args is not None else torch.device("cpu")
     if pin and hasattr(os, "sched_setaffinity"):
         pin_to_core()
     enable_flight_recorder()  # must precede the first process group
     torch.set_num_threads(1)
-    dist.init_process_group(BACKEND)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(seed)  # same initial weights on every rank (DDP broadcasts anyway)
     return rank, world

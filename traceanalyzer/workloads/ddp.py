@@ -29,25 +29,27 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    rank, world = common.init_distributed(args.seed, pin=args.pin)
+    rank, world = common.init_distributed(args.seed, pin=args.pin, args=args)
     common.check_rank_flags(args, world)
+    dev = common.device_of(args)
     work = common.imbalance_factor(args, rank)
     model = common.Straggler(models.build(args.model, width=args.width, depth=args.depth),
-                             common.straggler_delay_s(args, rank), annotate=args.annotate_delay)
-    ddp = DDP(model, bucket_cap_mb=args.bucket_mb)
+                             common.straggler_delay_s(args, rank), annotate=args.annotate_delay).to(dev)
+    ddp = DDP(model, bucket_cap_mb=args.bucket_mb,
+              device_ids=[dev.index] if dev.type == "cuda" else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=LR)
     data = torch.Generator().manual_seed(args.seed + 1 + rank)
     overlap = not args.no_overlap
     ground_truth = {"workload": "ddp", "model": args.model, "steps": args.steps,
                     "bucket_mb": args.bucket_mb, "overlap": overlap, "batch": models.BATCH,
                     "delay_annotation": common.DELAY_ANNOTATION if args.annotate_delay else None,
-                    "width": args.width, "depth": args.depth,
+                    "width": args.width, "depth": args.depth, "device": dev.type,
                     **common.fault_ground_truth(args)}
     layout = common.layout(dp=world)
     with collect.profile(**common.profile_kwargs(args), layout=layout,
                          ground_truth=ground_truth) as prof:
         for _ in range(args.steps):
-            x, y = models.skewed_batch(args.model, data, work)
+            x, y = (t.to(dev) for t in models.skewed_batch(args.model, data, work))
             opt.zero_grad(set_to_none=True)
             # no_sync() keeps DDP from reducing during backward; we then reduce afterwards.
             with contextlib.nullcontext() if overlap else ddp.no_sync():

@@ -42,11 +42,12 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
 
 
 def run(args: argparse.Namespace) -> None:
-    rank, world = common.init_distributed(args.seed, pin=args.pin)
+    rank, world = common.init_distributed(args.seed, pin=args.pin, args=args)
     common.check_rank_flags(args, world)
-    mesh = init_device_mesh("cpu", (world,))
+    dev = common.device_of(args)
+    mesh = init_device_mesh(dev.type, (world,))
     reshard = not args.no_reshard
-    inner = models.build(args.model)
+    inner = models.build(args.model).to(dev)
     units = shard_units(inner)
     model = common.Straggler(inner, common.straggler_delay_s(args, rank))
     for unit in units:
@@ -56,13 +57,13 @@ def run(args: argparse.Namespace) -> None:
     data = torch.Generator().manual_seed(args.seed + 1 + rank)
     work = common.imbalance_factor(args, rank)
     ground_truth = {"workload": "fsdp", "fsdp_version": 2, "model": args.model, "steps": args.steps,
-                    "batch": models.BATCH, "reshard_after_forward": reshard,
+                    "batch": models.BATCH, "reshard_after_forward": reshard, "device": dev.type,
                     "shard_units": len(units) + 1, **common.fault_ground_truth(args)}
     layout = common.layout(dp=world, dp_shard=world)
     with collect.profile(**common.profile_kwargs(args), layout=layout,
                          ground_truth=ground_truth) as prof:
         for _ in range(args.steps):
-            x, y = models.skewed_batch(args.model, data, work)
+            x, y = (t.to(dev) for t in models.skewed_batch(args.model, data, work))
             opt.zero_grad(set_to_none=True)
             loss = torch.nn.functional.cross_entropy(model(x), y)
             loss.backward()

@@ -84,7 +84,7 @@ class MoELayer(nn.Module):
 
     def forward(self, x):
         logits = self.router(x) + self.bias
-        u = torch.rand(logits.shape, generator=self.noise).clamp_(min=1e-9)
+        u = torch.rand(logits.shape, generator=self.noise).clamp_(min=1e-9).to(logits.device)
         dest = (logits.detach() - torch.log(-torch.log(u))).argmax(dim=-1)  # Gumbel-max sample
         gate = torch.softmax(logits, dim=-1).gather(1, dest.unsqueeze(1)).squeeze(1)
         order = torch.argsort(dest, stable=True)
@@ -145,7 +145,8 @@ def allreduce_mean(params: list[nn.Parameter], world: int) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    rank, world = common.init_distributed(args.seed, pin=args.pin)
+    rank, world = common.init_distributed(args.seed, pin=args.pin, args=args)
+    dev = common.device_of(args)
     common.check_rank_flags(args, world)
     hot = world - 1 if args.skew_rank is None else args.skew_rank
     if not 0 <= hot < world or args.skew <= 0:
@@ -158,6 +159,7 @@ def run(args: argparse.Namespace) -> None:
         for layer in model.moe:
             for p in layer.expert.parameters():
                 p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
+    model.to(dev)
     net = common.Straggler(model, common.straggler_delay_s(args, rank))
     dense = model.dense_parameters()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
@@ -165,7 +167,7 @@ def run(args: argparse.Namespace) -> None:
     tokens = common.scaled(args.tokens, common.imbalance_factor(args, rank))
     skewed = args.skew != 1.0
     ground_truth = {"workload": "moe", "steps": args.steps, "tokens_per_rank": args.tokens,
-                    "dim": DIM, "ffn_mult": args.ffn_mult, "moe_layers": args.moe_layers, "experts": world, "top_k": 1,
+                    "dim": DIM, "ffn_mult": args.ffn_mult, "moe_layers": args.moe_layers, "experts": world, "top_k": 1, "device": dev.type,
                     "skew": args.skew, "skew_rank": hot if skewed else None,
                     "expected_hot_share": expected_share(world, args.skew),
                     "all_to_alls_per_step": 5 * args.moe_layers,  # counts + 2 fwd + 2 bwd
@@ -174,7 +176,7 @@ def run(args: argparse.Namespace) -> None:
     with collect.profile(**common.profile_kwargs(args), layout=layout,
                          ground_truth=ground_truth) as prof:
         for _ in range(args.steps):
-            x, y = models.batch("mlp", data, rows=tokens)
+            x, y = (t.to(dev) for t in models.batch("mlp", data, rows=tokens))
             opt.zero_grad(set_to_none=True)
             loss = nn.functional.cross_entropy(net(x), y)
             loss.backward()

@@ -92,6 +92,10 @@ def stage_to_rank(n_stages: int, world: int) -> list[int]:
 
 def _check(args: argparse.Namespace, world: int) -> int:
     common.check_rank_flags(args, world)
+    if args.backend == "gloo" and args.device == "cuda":
+        # seen with torch 2.11 on an H200: gloo's tcp pair fails in writev ("Bad address")
+        raise SystemExit("pipeline --device cuda needs --backend nccl: gloo's point-to-point send/recv "
+                         "cannot move CUDA tensors (only its collectives stage them through host memory)")
     if args.dp < 1 or world % args.dp or world // args.dp < 2:
         raise SystemExit(f"--dp {args.dp}: the {world} ranks must split into dp pipelines of "
                          "at least 2 ranks each")
@@ -139,7 +143,8 @@ def _all_reduce_grads(stage_params: list[list[torch.nn.Parameter]], group, dp: i
 
 
 def run(args: argparse.Namespace) -> None:
-    rank, world = common.init_distributed(args.seed, pin=args.pin)
+    rank, world = common.init_distributed(args.seed, pin=args.pin, args=args)
+    dev = common.device_of(args)
     n_stages = _check(args, world)
     pp, dp = world // args.dp, args.dp
     replica, pp_rank = rank // pp, rank % pp
@@ -155,10 +160,10 @@ def run(args: argparse.Namespace) -> None:
         torch.manual_seed(args.seed + s)  # a stage's weights don't depend on the placement
         module = models.stage_module(args.model, s, n_stages, layers[s])
         delay = slow_s if s == args.slow_stage or rank == args.slow_rank else 0.0
-        module = common.Straggler(module, delay)  # sleeps once per micro-batch forward
+        module = common.Straggler(module, delay).to(dev)  # sleeps once per micro-batch forward
         params += list(module.parameters())
         stage_params.append(list(module.parameters()))
-        stages.append(PipelineStage(module, s, n_stages, torch.device("cpu"), group=pp_group))
+        stages.append(PipelineStage(module, s, n_stages, dev, group=pp_group))
     schedule_cls = SCHEDULES[args.schedule]
     loss_fn = torch.nn.functional.cross_entropy
     schedule = (schedule_cls(stages, args.microbatches, loss_fn=loss_fn)
@@ -170,7 +175,7 @@ def run(args: argparse.Namespace) -> None:
     has_first, has_last = 0 in mine, n_stages - 1 in mine
 
     ground_truth = {
-        "workload": "pipeline", "dp": dp, "model": args.model, "steps": args.steps,
+        "workload": "pipeline", "dp": dp, "model": args.model, "device": dev.type, "steps": args.steps,
         "schedule": args.schedule, "schedule_class": schedule_cls.__name__,
         "schedule_annotations": ANNOTATIONS[args.schedule],
         "microbatches": args.microbatches, "microbatch_rows": args.microbatch_rows,
@@ -194,7 +199,8 @@ def run(args: argparse.Namespace) -> None:
     with collect.profile(**common.profile_kwargs(args), layout=layout,
                          ground_truth=ground_truth) as prof:
         for _ in range(args.steps):
-            x, y = models.batch(args.model, data, rows=args.microbatches * args.microbatch_rows)
+            x, y = (t.to(dev) for t in models.batch(args.model, data,
+                                                    rows=args.microbatches * args.microbatch_rows))
             opt.zero_grad(set_to_none=True)
             losses: list[torch.Tensor] = []
             schedule.step(*([x] if has_first else []), target=y if has_last else None,
