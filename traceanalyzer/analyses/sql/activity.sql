@@ -6,9 +6,9 @@
 --     (NCCL, symmetric-memory), memory = memcpy/memset, all streams together;
 --   CPU ranks (gloo, no kernels): compute = CPU operators (cpu_op) on the threads that issue work
 --     (not the gloo runloop threads), comm = the execution of each communication op (comms).
---   On both, a communication op executed off the GPU (comms.on_gpu false: gloo, also with CUDA
---     tensors, where gloo stages them through host memory; NCCL on one rank, which launches no
---     kernel) is comm for its CPU execution span.
+--   On GPU ranks, a gloo op (CUDA tensors: gloo stages them through host memory, no kernel) is
+--     comm for its CPU execution span too; an NCCL op without a kernel is not (its CPU span is the
+--     enqueue, not the transfer; a one-rank communicator launches none).
 -- A step's intervals are the events whose step is that step (GPU work: the step of the CPU call
 -- that launched it); work outside every ProfilerStep (warm-up before the first one) forms its own
 -- group with step NULL, so that nothing is left out. Steps are aligned (step_alignment.sql): the
@@ -42,7 +42,8 @@ UNION ALL
 SELECT c.run, c.rank, c.window_id, coalesce(e.step, c.step), 'comm', c.start_ts_ns, c.end_ts_ns, c.exec_name, c.comm_id
 FROM comms c
 LEFT JOIN events e ON e.run = c.run AND e.rank = c.rank AND e.window_id = c.window_id AND e.event_id = c.exec_event_id
-WHERE c.dur_ns > 0 AND NOT c.on_gpu
+LEFT JOIN gpu_windows g ON g.run = c.run AND g.rank = c.rank AND g.window_id = c.window_id
+WHERE c.dur_ns > 0 AND NOT c.on_gpu AND (g.run IS NULL OR c.dialect = 'gloo')
 )
 SELECT r.run, r.rank, r.window_id, coalesce(sa.aligned_step, r.step) AS step, r.category, r.lo_ns, r.hi_ns, r.name, r.comm_id
 FROM raw r LEFT JOIN step_alignment sa USING (run, rank, window_id, step);
