@@ -25,7 +25,8 @@ from traceanalyzer.nccl_plugins import read_inspector, read_profiler_dump
 from conftest import snapshot, ROOT, TRACES
 
 FIX = ROOT / "tests" / "fixtures"
-REAL_FR = sorted(TRACES.glob("*/rank*.fr.json"))
+REAL_FR = sorted(p for p in TRACES.glob("*/rank*.fr.json")
+                 if json.loads((p.parent / "manifest.json").read_text())["backend"] == "gloo")
 
 
 
@@ -75,8 +76,14 @@ def test_real_gloo_dumps_parse(path):
     tables = fr_tables(dump)
     assert tables["fr_entries"].num_rows == len(dump.entries)
     if "dumped_by" in raw:  # the collector's JSON from the pickle dump: with the Python call stacks,
-        # innermost first (in torch: c10d, or autograd for DDP's reducer hooks)
-        assert all(e["frames"] and "/torch/" in e["frames"][0]["filename"] for e in dump.entries)
+        # innermost first (in torch: c10d, or autograd for DDP's reducer hooks); on a GPU, DDP's bucket
+        # all-reduces are issued from autograd's device thread (pt_autograd_N) by C++ hooks: no Python
+        # stack there (a Python autograd Function's backward, as MoE's all_to_all, has one)
+        for e, r in zip(dump.entries, raw["entries"]):
+            if not str(r.get("thread_name", "")).startswith("pt_autograd"):
+                assert e["frames"]
+            assert not e["frames"] or "/torch/" in e["frames"][0]["filename"]
+        assert any(e["frames"] for e in dump.entries)
 
 
 def test_ingest_fills_fr_tables_and_comms_fr_join(tmp_path):
