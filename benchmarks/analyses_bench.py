@@ -666,6 +666,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", default=None, help="folder for the input and the store (default: a new temporary folder, deleted)")
     p.add_argument("--keep", action="store_true", help="keep the work folder (the input is reused by a later run with the same --workdir)")
     p.add_argument("--reuse-store", action="store_true", help="with --workdir: skip ingest when the store from an earlier run is there")
+    p.add_argument("--ingest-only", action="store_true",
+                   help="only generate + ingest the input (and print the store's stats), e.g. for replay_bench.py --store")
     p.add_argument("--skip-per-analysis", action="store_true", help="do not time each analysis alone")
     p.add_argument("--only", action="append", default=None, choices=ALL, help="time only these analyses alone (repeatable)")
     p.add_argument("--views", action="store_true", help="also time each intermediate SQL view (SELECT count(*))")
@@ -715,6 +717,9 @@ def main(argv: list[str] | None = None) -> int:
               f"({stats['events_per_rank_min']:,}..{stats['events_per_rank_max']:,} per rank), "
               f"{stats['distinct_steps']} steps, {stats['collectives']} collectives x "
               f"{stats['ranks_per_collective_min']}..{stats['ranks_per_collective_max']} ranks", flush=True)
+        if args.ingest_only:
+            print(f"store: {store}")
+            return 0
 
         suite = run_phase("analyze", spec, workdir / "analyze.log", workdir, lim, args.timeout_s)
         if suite["ok"]:

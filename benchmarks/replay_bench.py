@@ -8,8 +8,9 @@ plain numpy pass over the same arrays (a cumulative sum of the durations plus a 
 edge CSR), i.e. what the arrays cost to touch at all. Goal: >= 1 M simulated ops/s.
 
 ``--store DIR`` instead times one big store (e.g. the 128-rank replicated DLRM job that
-``benchmarks/analyses_bench.py`` builds): store views, graph load + build, simulator set-up and one
-identity replay, peak RSS, with a plain DuckDB scan of the same events (count + sum of durations)
+``benchmarks/analyses_bench.py --workdir DIR --keep --ingest-only`` builds): ``build_graph`` on a fresh
+connection (graph load = its store queries, build = the numpy work), the whole suite's analysis
+views apart (build_graph binds them only for a pipeline), simulator set-up and one identity replay, peak RSS, with a plain DuckDB scan of the same events (count + sum of durations)
 as the baseline measured in the same process. Goal (issue): a 128-rank step of >= 100 k ops per
 rank built and simulated in < 5 s.
 """
@@ -54,12 +55,20 @@ def big_store(store: str, append: bool) -> int:
                                         "FROM events").fetchone()
     con.execute("SELECT count(*), sum(dur_ns) FROM events").fetchone()
     scan_s = time.perf_counter() - t
-    t = time.perf_counter()
-    prepare(con)
-    prepare_s = time.perf_counter() - t
+    # build_graph on the fresh connection: it binds only the views it needs (clock offsets; all the
+    # analysis views only for a pipeline); the whole suite's views are timed apart, after
     t = time.perf_counter()
     g = replay.build_graph(con)
     build_total = time.perf_counter() - t
+    # the same again in this process: the first build also pays the process' first touch of ~2 GB
+    # of fresh memory and DuckDB's first reads of the files
+    t = time.perf_counter()
+    g2 = replay.build_graph(con)
+    warm_s = time.perf_counter() - t
+    del g2
+    t = time.perf_counter()
+    prepare(con)
+    prepare_s = time.perf_counter() - t
     t = time.perf_counter()
     sim = replay.Simulator(g)
     setup_s = time.perf_counter() - t
@@ -74,10 +83,11 @@ def big_store(store: str, append: bool) -> int:
             f"work), {time.strftime('%Y-%m-%d')}.\n\n"
             f"| phase | seconds | vs baseline scan |\n|---|---|---|\n"
             f"| baseline: DuckDB scan of the events (count, sum) | {scan_s:.2f} | 1.0x |\n"
-            f"| store views (prepare) | {prepare_s:.2f} | {prepare_s / scan_s:.0f}x |\n"
+            f"| all analysis views (prepare; not needed by build_graph here) | {prepare_s:.2f} | {prepare_s / scan_s:.0f}x |\n"
             f"| graph load (store queries) | {g.stats['load_s']:.2f} | {g.stats['load_s'] / scan_s:.0f}x |\n"
             f"| graph build (numpy/pandas) | {g.stats['build_s']:.2f} | {g.stats['build_s'] / scan_s:.0f}x |\n"
-            f"| build_graph in all | {build_total:.2f} | {build_total / scan_s:.0f}x |\n"
+            f"| build_graph in all (fresh connection) | {build_total:.2f} | {build_total / scan_s:.0f}x |\n"
+            f"| build_graph again, same process (warm) | {warm_s:.2f} | {warm_s / scan_s:.0f}x |\n"
             f"| simulator set-up | {setup_s:.2f} | {setup_s / scan_s:.1f}x |\n"
             f"| one identity replay ({g.n:,} nodes, {len(g.src):,} edges) | {sim_s:.2f} | {sim_s / scan_s:.1f}x |\n\n"
             f"Simulated {g.n / sim_s / 1e6:.2f} M ops/s (goal >= 1 M: {'met' if g.n / sim_s >= 1e6 else 'NOT met'}); "

@@ -81,16 +81,24 @@ class Graph:
 
 def build_graph(store_or_con, run: str | None = None) -> Graph:
     """Build the replay graph of one run from a store (all ranks)."""
-    from ..analyses import _connect, prepare
+    from ..analyses import _connect, _sql, prepare
     con = _connect(store_or_con)
-    # the analyses' views (clock offsets, pipeline stages) are needed; binding them costs seconds on
-    # a big store, so a connection that already has them (prepared by the caller) is used as it is
+    # the graph needs the clock offsets (clock_offsets.sql: a query over comms and ranks, bound in
+    # milliseconds) and, for a pipeline, its stages. Binding every analysis view costs seconds on a
+    # big store, so only a pipeline binds them all, and a connection that has them is used as it is
     have = {v for (v,) in con.execute("SELECT view_name FROM duckdb_views() WHERE temporary").fetchall()}
-    if not {"clock_offsets", "pipeline_stages"} <= have:
-        prepare(con)
+    if "clock_offsets" not in have:
+        con.execute(_sql("clock_offsets"))
     run = resolve_run(con, run, "replay")
     g = _Builder(con, run).build()
     g.source = con
+    g.stages = pd.DataFrame({"rank": np.zeros(0, np.int32), "stage": np.zeros(0, np.int64)})
+    if "pipeline_stages" not in have:
+        # pipeline_stages only has rows for runs with sends (the first send orders the stages)
+        (sends,) = con.execute("SELECT count(*) FROM comms WHERE run = $run AND op = 'send'", {"run": run}).fetchone()
+        if not sends:
+            return g
+        prepare(con)
     try:
         g.stages = con.execute("SELECT rank, stage FROM pipeline_stages WHERE run = $run ORDER BY stage, rank",
                                {"run": run}).df()
@@ -127,29 +135,207 @@ def merge_intervals(iv) -> np.ndarray:
     return np.asarray(merged, dtype=iv.dtype)
 
 
+_EVENTS_WHERE = """FROM events WHERE run = $run AND ph = 'X' AND kind NOT IN ('instant', 'gpu_annotation')
+                     AND NOT (kind = 'other' AND name LIKE 'PyTorch Profiler%')"""
+# names leave DuckDB as 64-bit hashes (cheaper than 13 M strings), kinds as their position in the
+# run's list of kinds; the strings come from one DISTINCT query (a hash collision falls back to strings)
+_EVENTS_SQL = ("SELECT rank, event_id, coalesce(list_position($kinds, kind), 0)::SMALLINT AS kind_pos, "
+               "hash(name) AS name_hash, ts_ns, dur_ns, tid, is_gpu, coalesce(correlation, 0) AS correlation, "
+               "correlation IS NOT NULL AS has_corr " + _EVENTS_WHERE)
+_HASH_NAMES = True   # False: always fetch the strings (what a collision does; the tests check both give one graph)
+_EVENTS_SQL_STRINGS = ("SELECT rank, event_id, kind, name, ts_ns, dur_ns, tid, is_gpu, coalesce(correlation, 0) AS "
+                       "correlation, correlation IS NOT NULL AS has_corr " + _EVENTS_WHERE)
+# what a wait waits for: a member's POST, an instance's SYNC, a GPU op, another CPU thread of the rank
+_POST_SRC, _SYNC_SRC, _GPU_SRC, _CPU_SRC = 0, 1, 2, 3
+
+
+def _dict_codes(col) -> tuple[np.ndarray, list]:
+    """A string column of an Arrow table as (int32 codes, their strings), via one dictionary encoding."""
+    import pyarrow.compute as pc
+    col = pc.fill_null(col, "")
+    if col.num_chunks == 0 or len(col) == 0:
+        return np.zeros(0, np.int32), []
+    d = pc.dictionary_encode(col).unify_dictionaries()
+    codes = np.concatenate([c.indices.to_numpy(zero_copy_only=False) for c in d.chunks]).astype(np.int32)
+    return codes, d.chunks[0].dictionary.to_pylist()
+
+
+def _int_col(t, name, null=-1) -> np.ndarray:
+    import pyarrow.compute as pc
+    if not len(t):
+        return np.zeros(0, np.int64)
+    col = t.column(name)
+    if col.null_count:
+        col = pc.fill_null(col, null)
+    return col.to_numpy().astype(np.int64, copy=False)
+
+
+def _pair_keys(a1, b1, a2, b2):
+    """Two (int, int) key columns as int64 codes such that equal pairs get equal codes."""
+    a = np.concatenate([np.asarray(a1, np.int64), np.asarray(a2, np.int64)])
+    b = np.concatenate([np.asarray(b1, np.int64), np.asarray(b2, np.int64)])
+    if len(a):
+        a0, b0 = a.min(), b.min()
+        wa, wb = int(a.max()) - int(a0) + 1, int(b.max()) - int(b0) + 1
+        if wa * wb < 2 ** 62:                      # one integer key, no hashing
+            k = (a - a0) * wb + (b - b0)
+            return k[:len(a1)], k[len(a1):]
+    ca, ua = pd.factorize(a)
+    cb, ub = pd.factorize(b)
+    k = ca.astype(np.int64) * max(len(ub), 1) + cb
+    return k[:len(a1)], k[len(a1):]
+
+
+def _sorted_codes(x):
+    """(codes, sorted uniques) of an int array with few distinct values (thread ids): a table
+    lookup when the values span a small range, else one hash pass (pd.factorize) and a remap."""
+    x = np.asarray(x, np.int64)
+    if not len(x):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    lo, hi = int(x.min()), int(x.max())
+    if hi - lo < min(len(x) // 4, 1 << 22) + 1024:
+        present = np.bincount(x - lo, minlength=hi - lo + 1) > 0
+        table = np.cumsum(present) - 1
+        return table[x - lo], np.flatnonzero(present) + lo
+    codes, u = pd.factorize(x)
+    o = np.argsort(u)
+    remap = np.empty(len(u), dtype=np.int64)
+    remap[o] = np.arange(len(u))
+    return remap[codes], np.asarray(u)[o]
+
+
+def _inner_join(lk, rk):
+    """Row pairs (i, j) with lk[i] == rk[j], in left order, each left row's matches in right order."""
+    o = np.argsort(rk, kind="stable")
+    lo = np.searchsorted(rk[o], lk, side="left")
+    cnt = np.searchsorted(rk[o], lk, side="right") - lo
+    li = np.repeat(np.arange(len(lk)), cnt)
+    gi = o[np.repeat(lo - np.cumsum(cnt) + cnt, cnt) + np.arange(cnt.sum())] if cnt.sum() else np.zeros(0, np.int64)
+    return li, gi
+
+
+def _lookup(keys, values, query, keep="first") -> np.ndarray:
+    """values[i] of the first (keep='first') or last row i whose key equals each query key; -1 when none."""
+    out = np.full(len(query), -1, dtype=np.int64)
+    if not len(keys) or not len(query):
+        return out
+    o = np.argsort(keys, kind="stable")
+    sk = keys[o]
+    if keep == "first":
+        k = np.searchsorted(sk, query, side="left")
+        hit = k < len(sk)
+        hit[hit] = sk[k[hit]] == query[hit]
+        out[hit] = values[o[k[hit]]]
+    else:
+        k = np.searchsorted(sk, query, side="right") - 1
+        hit = k >= 0
+        hit[hit] = sk[k[hit]] == query[hit]
+        out[hit] = values[o[k[hit]]]
+    return out
+
+
+def _groups(codes, n):
+    """Row indices grouped by an int code in [0, n): (order, ptr), rows of code c are order[ptr[c]:ptr[c+1]]
+    in their original order."""
+    codes = np.asarray(codes)
+    small = codes.astype(np.int16) if n < 32_000 else codes   # 16-bit codes sort by radix
+    order = np.argsort(small, kind="stable")
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(codes, minlength=n), out=ptr[1:])
+    return order, ptr
+
+
 class _Builder:
+    """Builds the graph with whole-array numpy work: events are loaded once as arrays (names and
+    kinds as codes into one string table), grouped by thread with one radix sort, and every
+    per-lane step works on slices of those arrays; pandas only for the small comms/steps tables."""
+
     def __init__(self, con, run):
         self.con, self.run = con, run
-        self.nodes: list[pd.DataFrame] = []
-        self.edges: list[tuple] = []   # (src_node array, dst_node array)
+        self.strs: list = []
+        self.str_code: dict = {}
 
     def q(self, sql):
         return self.con.execute(sql, {"run": self.run}).df()
+
+    def code(self, s) -> int:
+        """Code of a string in the builder's string table (labels and categories share it)."""
+        c = self.str_code.get(s)
+        if c is None:
+            c = self.str_code[s] = len(self.strs)
+            self.strs.append(s)
+        return c
+
+    def codes(self, values) -> np.ndarray:
+        return np.fromiter((self.code(str(v)) for v in values), dtype=np.int64, count=len(values))
 
     # -- loading ------------------------------------------------------------------------------
     def load(self):
         off = self.q("SELECT rank, offset_ns FROM clock_offsets WHERE run = $run")
         self.offset = dict(zip(off["rank"], off["offset_ns"]))
-        ev = self.q("""SELECT rank, event_id, kind, name, ts_ns, dur_ns, tid, is_gpu, correlation
-                       FROM events WHERE run = $run AND ph = 'X' AND kind NOT IN ('instant', 'gpu_annotation')
-                         AND NOT (kind = 'other' AND name LIKE 'PyTorch Profiler%')""")
-        # names and kinds repeat a lot: categories make every later filter and copy cheap
-        ev["name"] = ev["name"].astype("category")
-        ev["kind"] = ev["kind"].astype("category")
-        ev["o"] = ev["rank"].map(self.offset).fillna(0).astype("int64")
-        ev["ts"] = ev["ts_ns"] + ev["o"]
-        ev["te"] = ev["ts"] + ev["dur_ns"]
-        self.ev = ev
+        pairs = self.con.execute("SELECT DISTINCT kind, name, hash(name) " + _EVENTS_WHERE, {"run": self.run}).fetchall()
+        kinds = sorted({k for k, _, _ in pairs if k is not None})
+        by_hash = {}
+        for _, name, h in pairs:
+            by_hash.setdefault(h, set()).add(name)
+        hashed = _HASH_NAMES and all(len(v) == 1 for v in by_hash.values())
+        if hashed:
+            t = self.con.sql(_EVENTS_SQL, params={"run": self.run, "kinds": kinds}).to_arrow_table()
+        else:
+            t = self.con.sql(_EVENTS_SQL_STRINGS, params={"run": self.run}).to_arrow_table()
+        rank = _int_col(t, "rank")
+        o = np.zeros(int(rank.max()) + 1 if len(rank) else 1, dtype=np.int64)
+        for r, v in self.offset.items():
+            if 0 <= r < len(o) and v == v:
+                o[int(r)] = int(v)
+        self.e_rank = rank
+        self.e_id = _int_col(t, "event_id")
+        self.e_ts = _int_col(t, "ts_ns", 0)
+        if o.any():                      # clock offsets (only applied across hosts)
+            self.e_ts = self.e_ts + o[rank]
+        self.e_dur = _int_col(t, "dur_ns", 0)
+        self.e_te = self.e_ts + self.e_dur
+        self.e_tid = _int_col(t, "tid", 0)
+        self.e_gpu = t.column("is_gpu").to_numpy(zero_copy_only=False).astype(bool) if len(t) else np.zeros(0, bool)
+        self.e_has_corr = t.column("has_corr").to_numpy(zero_copy_only=False).astype(bool) if len(t) else np.zeros(0, bool)
+        self.e_corr = _int_col(t, "correlation", 0)
+        # names and kinds as codes into the builder's string table
+        if not len(t):
+            (nc, nstr), (kc, kstr) = (np.zeros(0, np.int32), []), (np.zeros(0, np.int32), [])
+        elif hashed:
+            nc, uh = pd.factorize(t.column("name_hash").to_numpy())
+            nstr = ["nan" if n is None else n for n in (next(iter(by_hash[int(h)])) for h in uh)]
+            kc, kstr = t.column("kind_pos").to_numpy().astype(np.int64), ["nan"] + kinds
+        else:
+            nc, nstr = _dict_codes(t.column("name"))
+            kc, kstr = _dict_codes(t.column("kind"))
+        del t
+        self.name_str = nstr
+        self.e_name = self.codes(nstr)[nc] if len(nstr) else np.zeros(len(nc), np.int64)
+        self.e_kind = self.codes(kstr)[kc] if len(kstr) else np.zeros(len(kc), np.int64)
+        self.e_name_local = nc
+        # threads: (rank, tid, is_gpu) as codes sorted by (rank, tid), events grouped by thread
+        tmin = int(self.e_tid.min()) if len(rank) else 0
+        if len(rank) and int(rank.min()) >= 0 and int(rank.max()) < 2 ** 20 and int(self.e_tid.max()) - tmin < 2 ** 41:
+            key = self.e_tid - tmin                 # one int64 key (rank, tid, is_gpu), built in place
+            key <<= 1
+            key |= self.e_gpu
+            key |= rank << 42
+            self.e_thr, pu = _sorted_codes(key)
+            del key
+            self.t_gpu = (pu & 1).astype(bool)
+            self.t_rank = pu >> 42
+            self.t_tid = ((pu >> 1) & (2 ** 41 - 1)) + tmin
+        else:
+            tcode, tu = _sorted_codes(self.e_tid)
+            nt = max(len(tu), 1)
+            self.e_thr, pu = _sorted_codes((rank * nt + tcode) * 2 + self.e_gpu)
+            self.t_gpu = (pu % 2).astype(bool)
+            self.t_rank = (pu // 2) // nt
+            self.t_tid = np.asarray(tu, np.int64)[(pu // 2) % nt] if len(pu) else np.zeros(0, np.int64)
+        self.n_thr = len(pu)
+        self.thr_order, self.thr_ptr = _groups(self.e_thr, self.n_thr)
+        self.thr_of = {(int(r), int(d), bool(g)): i for i, (r, d, g) in enumerate(zip(self.t_rank, self.t_tid, self.t_gpu))}
         cm = self.q("""SELECT rank, comm_id, op, is_p2p, coalesce(pg_name, '?') AS pg, seq, p2p_seq, src_rank, dst_rank,
                               tag, coalesce(CASE WHEN op = 'all_gather' THEN out_bytes ELSE in_bytes END, 0) AS bytes,
                               enqueue_ts_ns, enqueue_dur_ns, enqueue_tid, exec_event_id, start_ts_ns, end_ts_ns,
@@ -166,8 +352,16 @@ class _Builder:
         st["end_ts_ns"] += o
         self.st = st
         # the thread that records ProfilerStep is each rank's main thread
-        self.step_tid = self.q("""SELECT rank, any_value(tid) AS tid FROM events
-                                  WHERE run = $run AND kind = 'step' GROUP BY rank""").set_index("rank")["tid"].to_dict()
+        step_code = self.str_code.get("step", -1)
+        s = np.flatnonzero(self.e_kind == step_code)
+        ranks, first = np.unique(self.e_rank[s], return_index=True)
+        self.step_tid = dict(zip(ranks.tolist(), self.e_tid[s[first]].tolist()))
+
+    def thr_codes(self, rank, tid, gpu=False) -> np.ndarray:
+        """Thread codes of (rank, tid) pairs (-1: a thread without events)."""
+        get = self.thr_of.get
+        return np.fromiter((get((int(r), int(t), gpu), -1) if t == t else -1 for r, t in zip(rank, tid)),
+                           dtype=np.int64, count=len(rank))
 
     def build(self) -> Graph:
         import time
@@ -203,222 +397,262 @@ class _Builder:
         self.instances = inst.reset_index()
         cm["tail"] = (cm["end_ts_ns"] - first_end).clip(lower=0)
         # where the execution runs: on the issuing CPU thread (gloo p2p), else a runloop thread / GPU stream
-        cm["exec_on_cpu_lane"] = ~cm["on_gpu"].fillna(False) & (cm["exec_tid"] == cm["enqueue_tid"])
+        cm["on_gpu"] = cm["on_gpu"].fillna(False).astype(bool)
+        cm["exec_on_cpu_lane"] = ~cm["on_gpu"] & (cm["exec_tid"] == cm["enqueue_tid"])
 
     # -- CPU lanes -----------------------------------------------------------------------------
     def _cpu_cut_points(self):
-        ev, cm = self.ev, self.cm
-        queue_tids = cm.loc[~cm["exec_on_cpu_lane"] & ~cm["on_gpu"].fillna(False), ["rank", "exec_tid"]]
-        self.runloop = set(map(tuple, queue_tids.drop_duplicates().to_numpy()))
-        cpu = ev[~ev["is_gpu"]]
-        rl = pd.MultiIndex.from_tuples(sorted(self.runloop), names=["rank", "tid"]) if self.runloop else None
-        is_rl = (pd.MultiIndex.from_arrays([cpu["rank"], cpu["tid"]]).isin(rl) if rl is not None
-                 else np.zeros(len(cpu), bool))
-        self.cpu = cpu[~is_rl]
-        cuts = []   # (rank, tid, t)
-        waits = []  # (rank, tid, lo, hi, src_kind, src_ref)  -> segments in [lo, hi) become WAIT; segment at hi gets edge
-        # launches: runtime events whose correlation matches a GPU op
-        gpu = ev[ev["is_gpu"] & ev["correlation"].notna()]
-        rt = self.cpu[self.cpu["kind"].isin(["runtime", "sync"]) & self.cpu["correlation"].notna()]
-        launch = rt.merge(gpu[["rank", "correlation", "event_id"]], on=["rank", "correlation"], suffixes=("", "_gpu"))
-        self.launch = launch  # rank, tid, te (cut), event_id_gpu
-        cuts.append(launch[["rank", "tid", "te"]].rename(columns={"te": "t"}))
+        cm = self.cm
+        is_q = (~cm["exec_on_cpu_lane"] & ~cm["on_gpu"]).to_numpy(bool)
+        self.runloop = set(map(tuple, cm.loc[is_q, ["rank", "exec_tid"]].drop_duplicates().to_numpy()))
+        rl_thr = self.thr_codes([r for r, _ in self.runloop], [t for _, t in self.runloop])
+        self.rl_thr = rl_thr[rl_thr >= 0]
+        self.t_cpu = ~self.t_gpu.copy()
+        self.t_cpu[rl_thr[rl_thr >= 0]] = False
+        cpu_ev = self.t_cpu[self.e_thr]
+        cuts_thr, cuts_t = [], []          # (thread code, time) where a CPU lane is cut
+        waits = []                         # (thread, lo, hi, src_kind, src_ref): [lo, hi) becomes WAIT, hi gets the edge
+        # launches: runtime events whose correlation matches a GPU op (of the same rank)
+        kind = self.e_kind
+        rt_kinds = [self.str_code.get(k, -1) for k in ("runtime", "sync")]
+        rt = np.flatnonzero(cpu_ev & np.isin(kind, rt_kinds) & self.e_has_corr)
+        gp = np.flatnonzero(self.e_gpu & self.e_has_corr)
+        li, gi = _inner_join(*_pair_keys(self.e_rank[rt], self.e_corr[rt], self.e_rank[gp], self.e_corr[gp]))
+        self.L_ev, self.L_gpu = rt[li], gp[gi]
+        cuts_thr.append(self.e_thr[self.L_ev]); cuts_t.append(self.e_te[self.L_ev])
         # gloo/collective enqueue -> execution on a runloop thread: cut where the span starts (clipped to the op)
-        q = cm[~cm["exec_on_cpu_lane"] & ~cm["on_gpu"].fillna(False)].copy()
+        q = cm[is_q].copy()
         q["cut"] = np.clip(q["start_ts_ns"], q["enqueue_ts_ns"], q["enqueue_ts_ns"] + q["enqueue_dur_ns"].fillna(0))
+        q["thr"] = self.thr_codes(q["rank"].to_numpy(), q["enqueue_tid"].to_numpy())
+        q["xthr"] = self.thr_codes(q["rank"].to_numpy(), q["exec_tid"].to_numpy())
         self.enq = q
-        cuts.append(q[["rank", "enqueue_tid", "cut"]].rename(columns={"enqueue_tid": "tid", "cut": "t"}))
+        cuts_thr.append(q["thr"].to_numpy()); cuts_t.append(q["cut"].to_numpy(np.int64))
         # execution on the CPU lane itself (gloo send/recv): arrival, last arrival
-        x = cm[cm["exec_on_cpu_lane"]]
+        x = cm[cm["exec_on_cpu_lane"]].copy()
+        x["thr"] = self.thr_codes(x["rank"].to_numpy(), x["exec_tid"].to_numpy())
         self.cpu_exec = x
-        cuts.append(x[["rank", "exec_tid", "start_ts_ns"]].rename(columns={"exec_tid": "tid", "start_ts_ns": "t"}))
-        cuts.append(x[["rank", "exec_tid", "c"]].rename(columns={"exec_tid": "tid", "c": "t"}))
-        waits.append(pd.DataFrame({"rank": x["rank"], "tid": x["exec_tid"], "lo": x["start_ts_ns"], "hi": x["c"],
-                                   "src_kind": "sync", "src_ref": x["inst"]}))
+        xt = x["thr"].to_numpy()
+        cuts_thr += [xt, xt]; cuts_t += [x["start_ts_ns"].to_numpy(np.int64), x["c"].to_numpy(np.int64)]
+        waits.append((xt, x["start_ts_ns"].to_numpy(np.int64), x["c"].to_numpy(np.int64),
+                      np.full(len(x), _SYNC_SRC), x["inst"].to_numpy(np.int64)))
         # blocking sync calls: wait for the latest GPU op (launched before the call) that ended inside it
-        sy = self.cpu[(self.cpu["kind"] == "sync") & self.cpu["name"].str.contains("|".join(_BLOCKING_SYNC))]
-        if len(sy) and len(launch):
-            lg = launch.merge(ev[["rank", "event_id", "te"]], left_on=["rank", "event_id_gpu"], right_on=["rank", "event_id"],
-                              suffixes=("", "_k"))[["rank", "ts", "event_id_gpu", "te_k"]]
-            rows = []
-            for rank, s in sy.groupby("rank"):
-                k = lg[lg["rank"] == rank].sort_values("te_k")
-                if k.empty:
-                    continue
-                ke, kl = k["te_k"].to_numpy(), k["ts"].to_numpy()
-                kid = k["event_id_gpu"].to_numpy()
-                for ts, te, tid in zip(s["ts"], s["te"], s["tid"]):
-                    j = np.searchsorted(ke, te, side="right") - 1
-                    while j >= 0 and kl[j] > ts:
-                        j -= 1
-                    if j >= 0 and ke[j] > ts:
-                        rows.append((rank, tid, ts, ke[j], "gpu", kid[j]))
-            if rows:
-                w = pd.DataFrame(rows, columns=["rank", "tid", "lo", "hi", "src_kind", "src_ref"])
+        is_block = np.array([any(b in s for b in _BLOCKING_SYNC) for s in self.name_str], dtype=bool)
+        sy = np.flatnonzero(cpu_ev & (kind == self.str_code.get("sync", -1)) & is_block[self.e_name_local]) \
+            if len(is_block) else np.zeros(0, np.int64)
+        if len(sy) and len(self.L_ev):
+            k_rank, k_ts, k_te, k_id = (self.e_rank[self.L_ev], self.e_ts[self.L_ev], self.e_te[self.L_gpu],
+                                        self.e_id[self.L_gpu])
+            ko = np.lexsort((k_te, k_rank))
+            k_rank, k_ts, k_te, k_id = k_rank[ko], k_ts[ko], k_te[ko], k_id[ko]
+            s_rank, s_ts, s_te = self.e_rank[sy], self.e_ts[sy], self.e_te[sy]
+            j = np.full(len(sy), -1, dtype=np.int64)
+            for r in np.unique(s_rank):
+                a, b = np.searchsorted(k_rank, r, "left"), np.searchsorted(k_rank, r, "right")
+                m = s_rank == r
+                if b > a:
+                    j[m] = a + np.searchsorted(k_te[a:b], s_te[m], side="right") - 1
+                    j[m & (j < a)] = -1
+            lo_rank = np.searchsorted(k_rank, s_rank, "left")
+            act = np.flatnonzero(j >= 0)
+            act = act[k_ts[j[act]] > s_ts[act]]
+            while len(act):                        # step back past ops launched after the call started
+                j[act] -= 1
+                act = act[j[act] >= lo_rank[act]]
+                act = act[k_ts[j[act]] > s_ts[act]]
+            j[(j >= 0) & (j < lo_rank)] = -1
+            ok = j >= 0
+            ok[ok] = k_te[j[ok]] > s_ts[ok]
+            if ok.any():
+                w = (self.e_thr[sy[ok]], s_ts[ok], k_te[j[ok]], np.full(int(ok.sum()), _GPU_SRC), k_id[j[ok]])
                 waits.append(w)
-                cuts.append(w[["rank", "tid", "lo"]].rename(columns={"lo": "t"}))
-                cuts.append(w[["rank", "tid", "hi"]].rename(columns={"hi": "t"}))
-        self.cuts = pd.concat(cuts, ignore_index=True)
-        self.waits = pd.concat(waits, ignore_index=True)
+                cuts_thr += [w[0], w[0]]; cuts_t += [w[1], w[2]]
+        ct = np.concatenate(cuts_thr).astype(np.int64)
+        tt = np.concatenate(cuts_t).astype(np.int64)
+        keep = ct >= 0
+        self.cut_thr, self.cut_t = ct[keep], tt[keep]
+        self.waits = waits
 
     def _make_cpu_lanes(self):
-        cpu = self.cpu
         self.lane_rows, self.lane_points = [], {}
-        node_frames = []
+        cols = {k: [] for k in ("ms", "me", "lane", "rank", "kind", "label", "category")}
         lane_id = 0
-        st = self.st
-        cuts_by = {k: g["t"].to_numpy() for k, g in self.cuts.groupby(["rank", "tid"])}
-        # gloo collectives completing on a runloop: the issuing thread waits in the gap that the completion ends
+        st_rank = self.st["rank"].to_numpy()
+        st_s, st_e = self.st["start_ts_ns"].to_numpy(np.int64), self.st["end_ts_ns"].to_numpy(np.int64)
+        c_order, c_ptr = _groups(self.cut_thr, self.n_thr)
+        enq = self.enq
+        e_groups = enq.groupby("thr", sort=False).indices if len(enq) else {}
+        e_end, e_cut, e_cid = (enq["end_ts_ns"].to_numpy(np.int64), enq["cut"].to_numpy(np.int64),
+                               enq["comm_id"].to_numpy(np.int64))
+        step_code, gap_label, gap_cat = self.str_code.get("step", -1), self.code("(gap)"), self.code("gap")
+        imin, imax = np.iinfo(np.int64).min, np.iinfo(np.int64).max
         gapwait = []
-        tops = {}
-        for (rank, tid), g in cpu.groupby(["rank", "tid"], sort=True):
-            work = g[g["kind"] != "step"].sort_values(["ts", "dur_ns"], ascending=[True, False])
-            if work.empty:
+        ts_all, te_all, dur_all = self.e_ts, self.e_te, self.e_dur
+        tops = {}    # (rank, tid) -> top-level work of the thread: starts, ends, names, kinds (codes), thread code
+        for thr in np.flatnonzero(self.t_cpu):
+            rank, tid = int(self.t_rank[thr]), int(self.t_tid[thr])
+            w = self.thr_order[self.thr_ptr[thr]:self.thr_ptr[thr + 1]]
+            w = w[self.e_kind[w] != step_code]
+            if not len(w):
                 continue
-            ts, te = work["ts"].to_numpy(), work["te"].to_numpy()
-            prev_max = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(te)[:-1]])
-            top = ts >= prev_max
-            tops[(rank, tid)] = (ts[top], np.maximum.reduceat(te, np.flatnonzero(top)),
-                                 work["name"].to_numpy()[top], work["kind"].to_numpy()[top])
+            w = w[np.lexsort((-dur_all[w], ts_all[w]))]
+            ts, te = ts_all[w], te_all[w]
+            prev_max = np.empty_like(te)
+            prev_max[0] = imin
+            np.maximum.accumulate(te[:-1], out=prev_max[1:])
+            top = np.flatnonzero(ts >= prev_max)
+            tops[(rank, tid)] = (ts[top], np.maximum.reduceat(te, top), self.e_name[w[top]], self.e_kind[w[top]], thr)
         cross = _cross_thread_waits(tops)
+        cross_pts = {}
         if len(cross):
-            gapwait.append(cross)
-        cross_pts = {k: g["hi"].to_numpy() for k, g in cross.groupby(["rank", "tid"])} if len(cross) else {}
-        for (rank, tid), (starts, ends, names, kinds) in tops.items():
+            c_thr = np.array([tops[(r, t)][4] for r, t in zip(cross["rank"], cross["tid"])], dtype=np.int64)
+            gapwait.append((c_thr, cross["lo"].to_numpy(np.int64), cross["hi"].to_numpy(np.int64),
+                            np.full(len(cross), _CPU_SRC), cross["src_ref"].to_numpy(np.int64)))
+            cross_pts = {k: g["hi"].to_numpy(np.int64) for k, g in cross.groupby(["rank", "tid"])}
+        for (rank, tid), (starts, ends, names, kinds, thr) in tops.items():
             pts = [starts, ends]
             if (rank, tid) in cross_pts:
                 pts.append(cross_pts[(rank, tid)])
-            s = st[(st["rank"] == rank)]
             if self.step_tid.get(rank) == tid:
-                pts += [s["start_ts_ns"].to_numpy(), s["end_ts_ns"].to_numpy()]
-            extra = cuts_by.get((rank, tid))
+                m = st_rank == rank
+                pts += [st_s[m], st_e[m]]
             # completions of this thread's runloop collectives that end inside one of its gaps
-            e = self.enq[(self.enq["rank"] == rank) & (self.enq["enqueue_tid"] == tid)]
-            if len(e):
-                ce = e["end_ts_ns"].to_numpy()
+            ei = e_groups.get(thr)
+            if ei is not None and len(ei):
+                ce, cut, cid = e_end[ei], e_cut[ei], e_cid[ei]
                 gi = np.searchsorted(starts, ce, side="right") - 1
                 ok = gi >= 0
                 gi_ = np.where(ok, gi, 0)
-                gap_lo = np.where(ok, ends[gi_], np.iinfo(np.int64).min)
-                gap_hi = np.where(gi + 1 < len(starts), starts[np.minimum(gi + 1, len(starts) - 1)], np.iinfo(np.int64).max)
+                gap_lo = np.where(ok, ends[gi_], imin)
+                gap_hi = np.where(gi + 1 < len(starts), starts[np.minimum(gi + 1, len(starts) - 1)], imax)
                 inside = ok & (ce > gap_lo) & (ce < gap_hi) & (gap_hi - ce <= _GAP_WAIT_MAX_TAIL_NS)
                 if inside.any():
-                    gw = pd.DataFrame({"rank": rank, "tid": tid, "lo": gap_lo[inside], "hi": ce[inside],
-                                       "src_kind": "post", "src_ref": e["comm_id"].to_numpy()[inside]})
-                    gapwait.append(gw)
+                    gapwait.append((np.full(int(inside.sum()), thr), gap_lo[inside], ce[inside],
+                                    np.full(int(inside.sum()), _POST_SRC), cid[inside]))
                     pts.append(ce[inside])
                 # a synchronous collective: the op that enqueued it is still running when it completes
                 # and ends right after (gloo's all_to_all_single, a blocking all_reduce): the op waits
                 # from the execution's start (the enqueue cut) to the completion
-                cut = e["cut"].to_numpy()
                 busy_op = ok & (ce < np.where(ok, ends[gi_], 0)) & (ends[gi_] - ce <= _GAP_WAIT_MAX_TAIL_NS)
                 same_op = busy_op & (cut >= starts[gi_]) & (cut < ce)
                 if same_op.any():
-                    gw = pd.DataFrame({"rank": rank, "tid": tid, "lo": cut[same_op], "hi": ce[same_op],
-                                       "src_kind": "post", "src_ref": e["comm_id"].to_numpy()[same_op]})
-                    gapwait.append(gw)
+                    gapwait.append((np.full(int(same_op.sum()), thr), cut[same_op], ce[same_op],
+                                    np.full(int(same_op.sum()), _POST_SRC), cid[same_op]))
                     pts.append(ce[same_op])
-            if extra is not None:
-                pts.append(extra)
+            pts.append(self.cut_t[c_order[c_ptr[thr]:c_ptr[thr + 1]]])
             p = np.unique(np.concatenate(pts).astype(np.int64))
             lo, hi = p[:-1], p[1:]
-            j = np.searchsorted(starts, lo, side="right") - 1
-            busy = (j >= 0) & (lo < ends[np.maximum(j, 0)])
-            label = np.where(busy, names[np.maximum(j, 0)], "(gap)")
-            cat = np.where(busy, kinds[np.maximum(j, 0)], "gap")
-            node_frames.append(pd.DataFrame({"ms": lo, "me": hi, "lane": lane_id, "rank": rank,
-                                             "kind": np.where(busy, OP, GAP), "label": label, "category": cat,
-                                             "inst": -1}))
-            self.lane_points[(rank, tid)] = (lane_id, p)
+            j = np.maximum(np.searchsorted(starts, lo, side="right") - 1, 0)
+            busy = (np.searchsorted(starts, lo, side="right") >= 1) & (lo < ends[j])
+            cols["ms"].append(lo); cols["me"].append(hi)
+            cols["lane"].append(np.full(len(lo), lane_id)); cols["rank"].append(np.full(len(lo), rank))
+            cols["kind"].append(np.where(busy, OP, GAP))
+            cols["label"].append(np.where(busy, names[j], gap_label))
+            cols["category"].append(np.where(busy, kinds[j], gap_cat))
+            self.lane_points[thr] = (lane_id, p)
             self.lane_rows.append((lane_id, rank, tid, False, "cpu"))
             lane_id += 1
-        if gapwait:
-            self.waits = pd.concat([self.waits] + gapwait, ignore_index=True)
-        self.cpu_nodes = pd.concat(node_frames, ignore_index=True)
+        self.waits += gapwait
+        self.cpu_cols = {k: np.concatenate(v) if v else np.zeros(0, np.int64) for k, v in cols.items()}
         self.next_lane = lane_id
 
     # -- GPU streams and runloop threads ------------------------------------------------------
     def _make_queue_lanes(self):
-        ev, cm = self.ev, self.cm
-        frames = []
+        cm = self.cm
         lane_id = self.next_lane
         comm_exec = cm[~cm["exec_on_cpu_lane"]]
-        gpu = ev[ev["is_gpu"]]
-        comm_gpu_ids = set(zip(comm_exec.loc[comm_exec["on_gpu"].fillna(False), "rank"],
-                               comm_exec.loc[comm_exec["on_gpu"].fillna(False), "exec_event_id"]))
-        lanes = sorted(set(map(tuple, gpu[["rank", "tid"]].drop_duplicates().to_numpy())) |
-                       {(r, t) for r, t in self.runloop})
-        is_gpu_lane = set(map(tuple, gpu[["rank", "tid"]].drop_duplicates().to_numpy()))
-        gpu_groups = gpu.groupby(["rank", "tid"], sort=False).indices
-        ce_on_gpu = comm_exec["on_gpu"].fillna(False).to_numpy(bool)
+        ce_on_gpu = comm_exec["on_gpu"].to_numpy(bool)
+        # GPU ops that are collectives become ARRIVE/POST below, not kernels
+        gpu_ev = np.flatnonzero(self.e_gpu)
+        ek, ck = _pair_keys(self.e_rank[gpu_ev], self.e_id[gpu_ev], comm_exec.loc[ce_on_gpu, "rank"].to_numpy(),
+                            comm_exec.loc[ce_on_gpu, "exec_event_id"].fillna(-1).to_numpy())
+        is_comm_kernel = np.zeros(len(self.e_gpu), bool)
+        is_comm_kernel[gpu_ev[np.isin(ek, ck)]] = True
+        gpu_lanes = {(int(self.t_rank[t]), int(self.t_tid[t])): t for t in np.flatnonzero(self.t_gpu)}
+        lanes = sorted(set(gpu_lanes) | {(r, t) for r, t in self.runloop})
         ce_groups = comm_exec.groupby(["rank", "exec_tid"], sort=False).indices
+        c_start, c_c, c_end = (comm_exec["start_ts_ns"].to_numpy(np.int64), comm_exec["c"].to_numpy(np.int64),
+                               comm_exec["end_ts_ns"].to_numpy(np.int64))
+        c_op = self.codes(comm_exec["op"].to_numpy())
+        c_inst, c_cid = comm_exec["inst"].to_numpy(np.int64), comm_exec["comm_id"].to_numpy(np.int64)
+        c_eid = comm_exec["exec_event_id"].fillna(-1).to_numpy(np.int64)
+        comm_cat = self.code("comm")
+        names = ("ms", "me", "kind", "label", "category", "inst", "event_id", "comm_id", "lane", "rank")
+        cols = {k: [] for k in names}
         for rank, tid in lanes:
+            thr = gpu_lanes.get((rank, tid))
             parts = []
-            if (rank, tid) in is_gpu_lane:
-                g = gpu.iloc[gpu_groups[(rank, tid)]]
-                mask = np.array([(rank, i) not in comm_gpu_ids for i in g["event_id"]], dtype=bool)
-                g = g[mask]
-                parts.append(pd.DataFrame({"ms": g["ts"], "me": g["te"], "kind": KERNEL, "label": g["name"],
-                                           "category": g["kind"], "inst": -1, "event_id": g["event_id"], "comm_id": -1,
-                                           "sub": 0}))
+            if thr is not None:
+                g = self.thr_order[self.thr_ptr[thr]:self.thr_ptr[thr + 1]]
+                g = g[~is_comm_kernel[g]]
+                parts.append((self.e_ts[g], self.e_te[g], np.full(len(g), KERNEL), self.e_name[g], self.e_kind[g],
+                              np.full(len(g), -1), self.e_id[g], np.full(len(g), -1), np.zeros(len(g), np.int8)))
             ci = ce_groups.get((rank, tid), np.zeros(0, np.int64))
-            ci = ci[ce_on_gpu[ci] == ((rank, tid) in is_gpu_lane)]
-            c = comm_exec.iloc[ci]
-            if len(c):
-                parts.append(pd.DataFrame({"ms": c["start_ts_ns"], "me": c["c"], "kind": ARRIVE, "label": c["op"],
-                                           "category": "comm", "inst": c["inst"], "event_id": c["exec_event_id"],
-                                           "comm_id": c["comm_id"], "sub": 0}))
-                parts.append(pd.DataFrame({"ms": c["c"], "me": c["end_ts_ns"], "kind": POST, "label": c["op"],
-                                           "category": "comm", "inst": c["inst"], "event_id": c["exec_event_id"],
-                                           "comm_id": c["comm_id"], "sub": 1}))
+            ci = ci[ce_on_gpu[ci] == (thr is not None)]
+            if len(ci):
+                k = len(ci)
+                parts.append((c_start[ci], c_c[ci], np.full(k, ARRIVE), c_op[ci], np.full(k, comm_cat), c_inst[ci],
+                              c_eid[ci], c_cid[ci], np.zeros(k, np.int8)))
+                parts.append((c_c[ci], c_end[ci], np.full(k, POST), c_op[ci], np.full(k, comm_cat), c_inst[ci],
+                              c_eid[ci], c_cid[ci], np.ones(k, np.int8)))
             if not parts:
                 continue
-            f = pd.concat(parts, ignore_index=True).sort_values(["ms", "sub"], kind="stable")
-            f["lane"], f["rank"] = lane_id, rank
-            frames.append(f)
-            self.lane_rows.append((lane_id, rank, tid, (rank, tid) in is_gpu_lane,
-                                   "gpu" if (rank, tid) in is_gpu_lane else "runloop"))
+            f = [np.concatenate(c) for c in zip(*parts)]
+            o = np.lexsort((f[8], f[0]))
+            for name, c in zip(names, f[:8]):
+                cols[name].append(c[o])
+            cols["lane"].append(np.full(len(o), lane_id)); cols["rank"].append(np.full(len(o), rank))
+            self.lane_rows.append((lane_id, rank, tid, thr is not None, "gpu" if thr is not None else "runloop"))
             lane_id += 1
         # communication executed on the CPU lane: its POST segment is found by time later; SYNC nodes here
         inst = self.instances
-        frames.append(pd.DataFrame({"ms": inst["last_arrival"],
-                                    "me": inst["last_arrival"], "kind": SYNC, "label": inst["op"], "category": "sync",
-                                    "inst": inst["inst"], "event_id": -1, "comm_id": -1, "sub": 0, "lane": -1, "rank": -1}))
-        q = pd.concat(frames, ignore_index=True)
-        nodes = pd.concat([self.cpu_nodes.assign(event_id=-1, comm_id=-1, sub=0), q], ignore_index=True)
-        nodes["me"] = np.maximum(nodes["me"], nodes["ms"])
-        self.nodes_df = nodes
+        k = len(inst)
+        la = inst["last_arrival"].to_numpy(np.int64)
+        for name, c in zip(names, (la, la, np.full(k, SYNC), self.codes(inst["op"].to_numpy()),
+                                   np.full(k, self.code("sync")), inst["inst"].to_numpy(np.int64), np.full(k, -1),
+                                   np.full(k, -1), np.full(k, -1), np.full(k, -1))):
+            cols[name].append(c)
+        c0 = self.cpu_cols
+        n0 = len(c0["ms"])
+        first = {"kind": c0["kind"], "label": c0["label"], "category": c0["category"], "ms": c0["ms"], "me": c0["me"],
+                 "lane": c0["lane"], "rank": c0["rank"], "inst": np.full(n0, -1), "event_id": np.full(n0, -1),
+                 "comm_id": np.full(n0, -1)}
+        nd = {k: np.concatenate([first[k]] + cols[k], dtype=np.int64) for k in names}
+        nd["me"] = np.maximum(nd["me"], nd["ms"])
+        self.nd = nd
 
     # -- edges ---------------------------------------------------------------------------------
-    def _point_nodes(self, rank, tid, t, ending: bool):
-        """Node on CPU lane (rank, tid) ending at t (ending=True) or starting at t; -1 when none."""
-        lp = self.lane_points.get((rank, tid))
-        if lp is None:
-            return np.full(len(t), -1)
-        lane_id, p = lp
-        base = self.lane_base[lane_id]
-        k = np.searchsorted(p, t)
-        found = (k < len(p)) & (p[np.minimum(k, len(p) - 1)] == t)
-        idx = k - 1 if ending else k
-        ok = found & (idx >= 0) & (idx < len(p) - 1)
-        return np.where(ok, base + idx, -1)
-
-    def _by_point(self, df, rank_col, tid_col, t_col, ending):
-        out = np.full(len(df), -1, dtype=np.int64)
-        if df.empty:
+    def _by_point(self, thr, t, ending: bool) -> np.ndarray:
+        """Node on the CPU lane of each thread code ending at t (ending=True) or starting at t; -1 when none."""
+        thr = np.asarray(thr, np.int64)
+        t = np.asarray(t).astype(np.int64)
+        out = np.full(len(thr), -1, dtype=np.int64)
+        if not len(thr):
             return out
-        for (rank, tid), idx in df.groupby([rank_col, tid_col]).indices.items():
-            out[idx] = self._point_nodes(rank, tid, df[t_col].to_numpy()[idx].astype(np.int64), ending)
+        o = np.argsort(thr, kind="stable")
+        u, first = np.unique(thr[o], return_index=True)
+        bounds = np.append(first, len(o))
+        for i, code in enumerate(u):
+            lp = self.lane_points.get(int(code))
+            if lp is None:
+                continue
+            idx = o[bounds[i]:bounds[i + 1]]
+            lane_id, p = lp
+            base = self.lane_base[lane_id]
+            tq = t[idx]
+            k = np.searchsorted(p, tq)
+            found = (k < len(p)) & (p[np.minimum(k, len(p) - 1)] == tq)
+            j = k - 1 if ending else k
+            ok = found & (j >= 0) & (j < len(p) - 1)
+            out[idx] = np.where(ok, base + j, -1)
         return out
 
     def _make_edges(self):
-        nd = self.nodes_df
-        n = len(nd)
-        # CPU lanes are the first block, in lane order; remember each lane's first node
-        self.lane_base = {}
-        lanes = nd["lane"].to_numpy()
-        for lane_id in np.unique(lanes[lanes >= 0]):
-            self.lane_base[int(lane_id)] = int(np.flatnonzero(lanes == lane_id)[0])
+        nd = self.nd
+        n = len(nd["ms"])
+        lanes, kind0, rank, eid = nd["lane"], nd["kind"], nd["rank"], nd["event_id"]
+        # nodes are laid out lane after lane: each lane's first node
+        ul, first = np.unique(lanes, return_index=True)
+        self.lane_base = dict(zip(ul[ul >= 0].tolist(), first[ul >= 0].tolist()))
         src, dst = [], []
         # lane order
         same = (lanes[1:] == lanes[:-1]) & (lanes[1:] >= 0)
@@ -426,71 +660,88 @@ class _Builder:
         lane_prev[1:][same] = np.flatnonzero(same)
         i = np.flatnonzero(lane_prev >= 0)
         lane_src, lane_dst = lane_prev[i], i
-        # launch -> GPU op (kernels and ARRIVE of comm kernels)
-        key = nd[["rank", "event_id"]].copy()
-        key["node"] = np.arange(n)
-        gpu_first = key[(nd["kind"].isin([KERNEL, ARRIVE])) & (nd["event_id"] >= 0)].drop_duplicates(["rank", "event_id"])
-        # a GPU op's last node (a collective kernel is ARRIVE then POST): what a wait on it waits for
-        gpu_last = key[(nd["kind"].isin([KERNEL, ARRIVE, POST])) & (nd["event_id"] >= 0)].drop_duplicates(
-            ["rank", "event_id"], keep="last").rename(columns={"node": "last_node"})
-        gpu_first = gpu_first.merge(gpu_last, on=["rank", "event_id"], how="left")
-        L = self.launch.merge(gpu_first, left_on=["rank", "event_id_gpu"], right_on=["rank", "event_id"])
-        s = self._by_point(L, "rank", "tid", "te", ending=True)
-        ok = s >= 0
-        src.append(s[ok]); dst.append(L["node"].to_numpy()[ok])
+        # launch -> GPU op (kernels and ARRIVE of comm kernels); a GPU op's last node (a collective
+        # kernel is ARRIVE then POST) is what a wait on it waits for
+        gm = np.flatnonzero(np.isin(kind0, [KERNEL, ARRIVE, POST]) & (eid >= 0))   # GPU ops' nodes
+        fm = np.isin(kind0[gm], [KERNEL, ARRIVE])
+        lg_rank, lg_eid = self.e_rank[self.L_gpu], self.e_id[self.L_gpu]
+        nk, qk = _pair_keys(rank[gm], eid[gm], lg_rank, lg_eid)
+        first_node = _lookup(nk[fm], gm[fm], qk, "first")
+        last_of = lambda q: _lookup(nk, gm, q, "last")  # noqa: E731
+        ok = first_node >= 0
+        L_ev, L_node = self.L_ev[ok], first_node[ok]
+        L_last = last_of(qk[ok])
+        s = self._by_point(self.e_thr[L_ev], self.e_te[L_ev], ending=True)
+        m = s >= 0
+        src.append(s[m]); dst.append(L_node[m])
         # cudaStreamWaitEvent: next op launched by the thread waits for the last one launched on another stream
-        self._stream_wait_edges(L, src, dst)
+        self._stream_wait_edges(L_ev, L_node, L_last, lanes, src, dst)
         # GPU ops launched by a collective's own thread (gloo with CUDA tensors stages them through
         # host memory: a device-to-host copy before the transfer, host-to-device after it)
-        self._runloop_launch_edges(nd, gpu_first, src, dst)
+        self._runloop_launch_edges(gm, fm, src, dst)
         # runloop enqueue -> ARRIVE
-        arr = nd[nd["kind"] == ARRIVE][["rank", "comm_id"]].reset_index().rename(columns={"index": "node"})
-        e = self.enq[~self.enq["on_gpu"].fillna(False)].merge(arr, on=["rank", "comm_id"])
-        s = self._by_point(e, "rank", "enqueue_tid", "cut", ending=True)
-        ok = s >= 0
-        src.append(s[ok]); dst.append(e["node"].to_numpy()[ok])
+        arr = np.flatnonzero(kind0 == ARRIVE)
+        e = self.enq
+        if len(e) and len(arr):
+            ak, ek = _pair_keys(rank[arr], nd["comm_id"][arr], e["rank"].to_numpy(), e["comm_id"].to_numpy())
+            o = np.argsort(ak, kind="stable")
+            lo_, hi_ = np.searchsorted(ak[o], ek, "left"), np.searchsorted(ak[o], ek, "right")
+            cnt = hi_ - lo_
+            ei = np.repeat(np.arange(len(e)), cnt)
+            ai = arr[o[np.repeat(lo_ - np.cumsum(cnt) + cnt, cnt) + np.arange(cnt.sum())]]
+            s = self._by_point(e["thr"].to_numpy()[ei], e["cut"].to_numpy(np.int64)[ei], ending=True)
+            m = s >= 0
+            src.append(s[m]); dst.append(ai[m])
         # ARRIVE -> SYNC -> POST (queue lanes)
-        sync_node = pd.Series(np.flatnonzero(nd["kind"].to_numpy() == SYNC), index=nd.loc[nd["kind"] == SYNC, "inst"].to_numpy())
-        a = nd[nd["kind"] == ARRIVE]
-        src.append(a.index.to_numpy()); dst.append(sync_node.loc[a["inst"]].to_numpy())
-        p = nd[nd["kind"] == POST]
-        src.append(sync_node.loc[p["inst"]].to_numpy()); dst.append(p.index.to_numpy())
+        n_inst = len(self.instances)
+        sync_node = np.full(n_inst + 1, -1, dtype=np.int64)
+        sy = np.flatnonzero(kind0 == SYNC)
+        sync_node[nd["inst"][sy]] = sy
+        src.append(arr); dst.append(sync_node[nd["inst"][arr]])
+        post = np.flatnonzero(kind0 == POST)
+        src.append(sync_node[nd["inst"][post]]); dst.append(post)
         # communication on the CPU lane: the node ending at the arrival feeds SYNC; the one at c waits for it
         x = self.cpu_exec
-        s = self._by_point(x, "rank", "exec_tid", "start_ts_ns", ending=True)
-        ok = s >= 0
-        src.append(s[ok]); dst.append(sync_node.loc[x["inst"].to_numpy()[ok]].to_numpy())
+        x_thr, x_inst = x["thr"].to_numpy(), x["inst"].to_numpy(np.int64)
+        s = self._by_point(x_thr, x["start_ts_ns"].to_numpy(np.int64), ending=True)
+        m = s >= 0
+        src.append(s[m]); dst.append(sync_node[x_inst[m]])
         # waits: segments in [lo, hi) get duration 0; the segment starting at hi depends on the source
-        w = self.waits
-        kind = nd["kind"].to_numpy().copy()
-        if len(w):
-            tgt = self._by_point(w, "rank", "tid", "hi", ending=False)
-            first = self._by_point(w, "rank", "tid", "lo", ending=False)
-            wsrc = np.full(len(w), -1)
-            m = (w["src_kind"] == "sync").to_numpy()
-            wsrc[m] = sync_node.reindex(w.loc[m, "src_ref"].to_numpy()).fillna(-1).to_numpy()
-            m = (w["src_kind"] == "post").to_numpy()
-            post = pd.Series(p.index.to_numpy(), index=pd.MultiIndex.from_arrays([p["rank"], p["comm_id"]]))
-            wsrc[m] = post.reindex(pd.MultiIndex.from_arrays([w.loc[m, "rank"], w.loc[m, "src_ref"]])).fillna(-1).to_numpy()
-            m = (w["src_kind"] == "gpu").to_numpy()
-            kern = pd.Series(key["node"].to_numpy(), index=pd.MultiIndex.from_arrays([key["rank"], key["event_id"]]))
-            kern = kern[~kern.index.duplicated(keep="last")]
-            wsrc[m] = kern.reindex(pd.MultiIndex.from_arrays([w.loc[m, "rank"], w.loc[m, "src_ref"]])).fillna(-1).to_numpy()
-            m = (w["src_kind"] == "cpu").to_numpy()
+        kind = kind0.copy()
+        if self.waits:
+            w_thr, w_lo, w_hi, w_kind, w_ref = (np.concatenate(c).astype(np.int64) for c in zip(*self.waits))
+            tgt = self._by_point(w_thr, w_hi, ending=False)
+            first = self._by_point(w_thr, w_lo, ending=False)
+            wsrc = np.full(len(w_thr), -1, dtype=np.int64)
+            m = w_kind == _SYNC_SRC
+            ref = w_ref[m]
+            wsrc[m] = np.where((ref >= 0) & (ref < n_inst), sync_node[np.clip(ref, 0, n_inst)], -1)
+            w_rank = np.where(w_thr >= 0, self.t_rank[np.maximum(w_thr, 0)], -1) if self.n_thr else w_thr
+            m = w_kind == _POST_SRC
+            if m.any():
+                pk, qk2 = _pair_keys(rank[post], nd["comm_id"][post], w_rank[m], w_ref[m])
+                wsrc[m] = _lookup(pk, post, qk2, "last")
+            m = w_kind == _CPU_SRC
             if m.any():   # the other thread's node that ends at hi
-                wc = w[m]
-                wsrc[m] = self._by_point(wc.assign(src_tid=wc["src_ref"].astype(np.int64)), "rank", "src_tid", "hi",
-                                         ending=True)
+                wsrc[m] = self._by_point(self.thr_codes(w_rank[m], w_ref[m]), w_hi[m], ending=True)
+            m = w_kind == _GPU_SRC
+            if m.any():
+                nk2, qk2 = _pair_keys(rank[gm], eid[gm], w_rank[m], w_ref[m])
+                wsrc[m] = _lookup(nk2, gm, qk2, "last")
             ok = (tgt >= 0) & (first >= 0) & (wsrc >= 0)
-            for f, t in zip(first[ok], tgt[ok]):
-                kind[f:t] = WAIT   # contiguous on the lane (CPU lanes are laid out in order)
+            f, t = first[ok], tgt[ok]
+            r = f < t
+            cover = np.zeros(n + 1, dtype=np.int64)   # [f, t) of every wait: contiguous on the lane
+            np.add.at(cover, f[r], 1)
+            np.add.at(cover, t[r], -1)
+            kind[np.cumsum(cover[:-1]) > 0] = WAIT
             src.append(wsrc[ok]); dst.append(tgt[ok])
         # communication executed on the CPU lane: its part after the last arrival is a POST node
-        inst = nd["inst"].to_numpy().copy()
+        inst = nd["inst"].copy()
         if len(x):
-            lo = self._by_point(x, "rank", "exec_tid", "c", ending=False)
-            hi = self._by_point(x, "rank", "exec_tid", "end_ts_ns", ending=True)
-            for a, b, k in zip(lo, hi, x["inst"].to_numpy()):
+            lo = self._by_point(x_thr, x["c"].to_numpy(np.int64), ending=False)
+            hi = self._by_point(x_thr, x["end_ts_ns"].to_numpy(np.int64), ending=True)
+            for a, b, k in zip(lo, hi, x_inst):
                 if a >= 0 and b >= a:
                     kind[a:b + 1] = POST
                     inst[a:b + 1] = k
@@ -500,118 +751,148 @@ class _Builder:
         self.x_src = np.concatenate(src).astype(np.int64)
         self.x_dst = np.concatenate(dst).astype(np.int64)
 
-    def _runloop_launch_edges(self, nd, gpu_first, src, dst):
+    def _runloop_launch_edges(self, gm, fm, src, dst):
         """A GPU op launched from a runloop thread inside a collective's execution span depends on
         that collective: on its arrival if launched before the last member arrived (the staging copy
         out), else on its completion (the copy back in). Without the edge the copy keeps its
         recorded distance to the previous op on its stream, whatever the collective does."""
-        if not self.runloop or gpu_first.empty:
+        if not len(self.rl_thr) or not len(gm):
             return
-        ev = self.ev
-        rl = pd.DataFrame(sorted(self.runloop), columns=["rank", "tid"])
-        rt = ev[~ev["is_gpu"] & ev["correlation"].notna() & ev["kind"].isin(["runtime", "sync"])].merge(rl)
-        if rt.empty:
+        is_rl = np.zeros(self.n_thr, bool)
+        is_rl[self.rl_thr] = True
+        rt_kinds = [self.str_code.get(k, -1) for k in ("runtime", "sync")]
+        rt = np.flatnonzero(is_rl[self.e_thr] & self.e_has_corr & np.isin(self.e_kind, rt_kinds))
+        if not len(rt):
             return
-        gpu = ev[ev["is_gpu"] & ev["correlation"].notna()][["rank", "correlation", "event_id"]]
-        lg = rt[["rank", "tid", "ts", "correlation"]].merge(gpu, on=["rank", "correlation"]).merge(
-            gpu_first[["rank", "event_id", "node"]], on=["rank", "event_id"])
-        if lg.empty:
+        gp = np.flatnonzero(self.e_gpu & self.e_has_corr)
+        li, gi = _inner_join(*_pair_keys(self.e_rank[rt], self.e_corr[rt], self.e_rank[gp], self.e_corr[gp]))
+        rt, gp = rt[li], gp[gi]
+        nk, qk = _pair_keys(self.nd["rank"][gm], self.nd["event_id"][gm], self.e_rank[gp], self.e_id[gp])
+        node = _lookup(nk[fm], gm[fm], qk, "first")
+        ok = node >= 0
+        rt, node = rt[ok], node[ok]
+        if not len(rt):
             return
-        q = self.enq[["rank", "exec_tid", "start_ts_ns", "end_ts_ns", "c", "comm_id"]].rename(columns={"exec_tid": "tid"})
-        q = q.astype({"tid": lg["tid"].dtype}).sort_values("start_ts_ns")
-        m = pd.merge_asof(lg.sort_values("ts"), q, left_on="ts", right_on="start_ts_ns", by=["rank", "tid"])
-        m = m[m["comm_id"].notna() & (m["ts"] <= m["end_ts_ns"])]
-        if m.empty:
+        # the collective whose execution (on this runloop thread) started last before the launch
+        e = self.enq
+        x_thr, x_start, x_end = e["xthr"].to_numpy(), e["start_ts_ns"].to_numpy(np.int64), e["end_ts_ns"].to_numpy(np.int64)
+        x_c, x_cid = e["c"].to_numpy(np.int64), e["comm_id"].to_numpy(np.int64)
+        l_thr, l_ts = self.e_thr[rt], self.e_ts[rt]
+        hit = np.full(len(rt), -1, dtype=np.int64)
+        for thr in np.unique(l_thr):
+            rows = np.flatnonzero(x_thr == thr)
+            if not len(rows):
+                continue
+            rows = rows[np.argsort(x_start[rows], kind="stable")]
+            m = l_thr == thr
+            k = np.searchsorted(x_start[rows], l_ts[m], side="right") - 1
+            hit[np.flatnonzero(m)] = np.where(k >= 0, rows[np.maximum(k, 0)], -1)
+        ok = hit >= 0
+        ok[ok] = l_ts[ok] <= x_end[hit[ok]]
+        if not ok.any():
             return
-        part = np.where(m["ts"] < m["c"], ARRIVE, POST)
-        cn = nd[nd["kind"].isin([ARRIVE, POST]) & (nd["comm_id"] >= 0)]
-        cn = pd.Series(cn.index.to_numpy(), index=pd.MultiIndex.from_arrays([cn["rank"], cn["comm_id"], cn["kind"]]))
-        cn = cn[~cn.index.duplicated()]
-        s = cn.reindex(pd.MultiIndex.from_arrays([m["rank"], m["comm_id"].astype(np.int64), part])).fillna(-1).to_numpy()
-        ok = s >= 0
-        src.append(s[ok].astype(np.int64)); dst.append(m["node"].to_numpy()[ok])
+        h, node, ts = hit[ok], node[ok], l_ts[ok]
+        is_post = ts >= x_c[h]
+        nd = self.nd
+        cn = np.flatnonzero(np.isin(nd["kind"], [ARRIVE, POST]) & (nd["comm_id"] >= 0))
+        ck, qk = _pair_keys(nd["rank"][cn], nd["comm_id"][cn] * 2 + (nd["kind"][cn] == POST),
+                            self.e_rank[rt[ok]], x_cid[h] * 2 + is_post)
+        s = _lookup(ck, cn, qk, "first")
+        m = s >= 0
+        src.append(s[m]); dst.append(node[m])
 
-    def _stream_wait_edges(self, L, src, dst):
-        sw = self.cpu[self.cpu["name"] == "cudaStreamWaitEvent"]
-        if sw.empty or L.empty:
+    def _stream_wait_edges(self, L_ev, L_node, L_last, lanes, src, dst):
+        sw_code = self.str_code.get("cudaStreamWaitEvent", -1)
+        sw = np.flatnonzero((self.e_name == sw_code) & self.t_cpu[self.e_thr])
+        if not len(sw) or not len(L_ev):
             return
-        nd = self.nodes_df
-        lanes = nd["lane"].to_numpy()
-        by_thread = L.groupby(["rank", "tid"], sort=False).indices
-        for (rank, tid), g in sw.groupby(["rank", "tid"], observed=True):
-            if (rank, tid) not in by_thread:
+        l_thr = self.e_thr[L_ev]
+        lo_, lp = _groups(l_thr, self.n_thr)
+        so, sp = _groups(self.e_thr[sw], self.n_thr)
+        for thr in np.unique(self.e_thr[sw]):
+            li = lo_[lp[thr]:lp[thr + 1]]
+            if not len(li):
                 continue
-            l = L.iloc[by_thread[(rank, tid)]].sort_values("ts")
-            if l.empty:
-                continue
-            lts, lnode, llast = l["ts"].to_numpy(), l["node"].to_numpy(), l["last_node"].to_numpy()
-            for t in g["ts"].to_numpy():
-                k = np.searchsorted(lts, t)
-                if k >= len(lts):
-                    continue
-                nxt = lnode[k]
-                j = k - 1
-                while j >= 0 and lanes[lnode[j]] == lanes[nxt]:
-                    j -= 1
-                if j >= 0:
-                    src.append(np.array([llast[j]])); dst.append(np.array([nxt]))
+            li = li[np.argsort(self.e_ts[L_ev[li]], kind="stable")]
+            lts, lnode, llast = self.e_ts[L_ev[li]], L_node[li], L_last[li]
+            ll = lanes[lnode]
+            # the walk back over launches onto the same stream ends before the run of equal lanes
+            run_start = np.maximum.accumulate(np.where(np.r_[True, ll[1:] != ll[:-1]], np.arange(len(ll)), 0))
+            k = np.searchsorted(lts, self.e_ts[sw[so[sp[thr]:sp[thr + 1]]]])
+            k = k[k < len(lts)]
+            j = run_start[k] - 1
+            m = j >= 0
+            src.append(llast[j[m]]); dst.append(lnode[k[m]])
 
     # -- fitting lags, order, steps ------------------------------------------------------------
     def _finish(self) -> Graph:
-        nd = self.nodes_df
-        n = len(nd)
+        nd = self.nd
+        n = len(nd["ms"])
         kind = self.kind
-        ms = nd["ms"].to_numpy(np.int64)
-        me = nd["me"].to_numpy(np.int64)
+        ms, me = nd["ms"], nd["me"]
         dur = np.where(np.isin(kind, [WAIT, ARRIVE, SYNC]), 0, me - ms).astype(np.int64)
         e_model = ms + dur
-        # edges: lane first, then cross edges; drop self loops and duplicates
-        src = np.concatenate([self.lane_src, self.x_src])
-        dst = np.concatenate([self.lane_dst, self.x_dst])
-        is_lane = np.concatenate([np.ones(len(self.lane_src), bool), np.zeros(len(self.x_src), bool)])
-        keep = src != dst
-        src, dst, is_lane = src[keep], dst[keep], is_lane[keep]
-        pair = pd.DataFrame({"s": src, "d": dst, "l": is_lane}).drop_duplicates(["s", "d"])
-        src, dst, is_lane = pair["s"].to_numpy(), pair["d"].to_numpy(), pair["l"].to_numpy()
+        # edges: drop self loops and duplicates (a cross edge that repeats its node's lane edge too);
+        # CSR by destination: the lane edge first, then the cross edges by source
+        xs, xd = self.x_src, self.x_dst
+        keep = xs != xd
+        xs, xd = xs[keep], xd[keep]
+        o = np.argsort(xd * np.int64(n) + xs, kind="stable")
+        xs, xd = xs[o], xd[o]
+        keep = np.r_[True, (xs[1:] != xs[:-1]) | (xd[1:] != xd[:-1])] if len(xs) else np.zeros(0, bool)
+        lane_prev = np.full(n, -1, dtype=np.int64)
+        lane_prev[self.lane_dst] = self.lane_src
+        keep &= lane_prev[xd] != xs
+        xs, xd = xs[keep], xd[keep]
+        has_lane = lane_prev >= 0
+        cnt = np.bincount(xd, minlength=n) + has_lane
+        ptr = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(cnt, out=ptr[1:])
+        E = len(xs) + int(has_lane.sum())
+        src = np.empty(E, dtype=np.int64)
+        is_lane = np.zeros(E, dtype=bool)
+        lane_pos = ptr[:-1][has_lane]
+        src[lane_pos] = lane_prev[has_lane]
+        is_lane[lane_pos] = True
+        xfirst = np.searchsorted(xd, xd, side="left")   # rank of each cross edge among its node's
+        src[ptr[xd] + has_lane[xd] + (np.arange(len(xd)) - xfirst)] = xs
+        dst = np.repeat(np.arange(n), cnt)
         # fit lags so the recorded start is reproduced (see module docstring)
-        E = e_model[src]
+        E_ = e_model[src]
         S = ms[dst]
         # slack = recorded start - latest predecessor end: a latency after whatever binds (>= 0, on
         # every edge, so it follows the binding constraint in a what-if), or, when a predecessor
         # recorded ends after the node started (a kernel starting inside its cudaLaunchKernel), the
         # overlap only on the edges that overran it
+        has_in = cnt > 0
         max_e = np.full(n, np.iinfo(np.int64).min)
-        np.maximum.at(max_e, dst, E)
+        if E:
+            max_e[has_in] = np.maximum.reduceat(E_, ptr[:-1][has_in])
         slack = S - max_e[dst]
-        lag = np.where(slack >= 0, slack, np.minimum(S - E, 0)).astype(np.int64)
+        lag = np.where(slack >= 0, slack, np.minimum(S - E_, 0)).astype(np.int64)
         # nodes with no incoming edge start at their recorded time
-        has_in = np.zeros(n, bool)
-        has_in[dst] = True
         rel = np.where(has_in, NO_REL, ms).astype(np.int64)
-        # CSR by destination
-        o = np.lexsort((~is_lane, dst))
-        src, dst, lag, is_lane = src[o], dst[o], lag[o], is_lane[o]
-        ptr = np.zeros(n + 1, dtype=np.int64)
-        np.add.at(ptr, dst + 1, 1)
-        ptr = np.cumsum(ptr)
         order = _topo_order(ms, kind, src, dst, n)
-        labels, label = _codes(nd["label"].astype(str))
-        categories, category = _codes(pd.Series(np.where(np.isin(kind, [WAIT]), "wait", nd["category"].astype(str))))
+        label_codes, lu = _first_codes(nd["label"], len(self.strs))
+        labels = [self.strs[c] for c in lu]
+        cat = np.where(kind == WAIT, self.code("wait"), nd["category"])
+        cat_codes, cu = _first_codes(cat, len(self.strs))
+        categories = [self.strs[c] for c in cu]
         lanes = pd.DataFrame(self.lane_rows, columns=["lane", "rank", "tid", "is_gpu", "type"])
-        steps = self._steps(ms, me)
-        steps = self._gpu_tails(steps, me, kind, nd["lane"].to_numpy(), nd["rank"].to_numpy(), ms,
+        steps = self._steps()
+        steps = self._gpu_tails(steps, me, kind, nd["lane"], nd["rank"], ms,
                                 lanes.loc[lanes["type"] == "gpu", "lane"].to_numpy())
-        return Graph(run=self.run, ms=ms, me=me, dur=dur, lane=nd["lane"].to_numpy(np.int32),
-                     rank=nd["rank"].to_numpy(np.int32), kind=kind.astype(np.int8), label=label, category=category,
-                     inst=nd["inst"].to_numpy(np.int64), rel=rel, ptr=ptr, src=src, lag=lag, is_lane_edge=is_lane,
-                     order=order, labels=labels, categories=categories, lanes=lanes, steps=steps,
+        return Graph(run=self.run, ms=ms, me=me, dur=dur, lane=nd["lane"].astype(np.int32),
+                     rank=nd["rank"].astype(np.int32), kind=kind.astype(np.int8), label=label_codes.astype(np.int32),
+                     category=cat_codes.astype(np.int32), inst=nd["inst"], rel=rel, ptr=ptr, src=src, lag=lag,
+                     is_lane_edge=is_lane, order=order, labels=labels, categories=categories, lanes=lanes, steps=steps,
                      instances=self.instances[["inst", "key", "op", "bytes", "is_p2p", "n_ranks", "transfer_ns"]])
 
-    def _steps(self, ms, me):
+    def _steps(self):
         rows = []
+        main = {r: self.thr_of.get((int(r), int(t), False)) for r, t in self.step_tid.items()}
         for r in self.st.itertuples():
-            tid = self.step_tid.get(r.rank)
-            lp = self.lane_points.get((r.rank, tid))
+            lp = self.lane_points.get(main.get(r.rank))
             if lp is None:
                 continue
             lane_id, p = lp
@@ -625,7 +906,6 @@ class _Builder:
         return pd.DataFrame(rows, columns=["rank", "step", "measured_ns", "start_node", "start_uses_end",
                                            "end_node", "end_uses_end"])
 
-
     def _gpu_tails(self, steps, me, kind, lane, rank, ms, gpu_lanes):
         """GPU work of each step: the GPU nodes (kernels, GPU collectives) that start between the
         step's recorded CPU start and the next step's. Why: the CPU leaves a step as soon as it
@@ -633,25 +913,32 @@ class _Builder:
         and the end of that GPU work (``gpu_nodes``; the measured time likewise), else a what-if
         that slows the GPU down changes nothing in a trace of one step."""
         on_gpu = np.isin(lane, gpu_lanes) & np.isin(kind, [KERNEL, POST])
-        steps["gpu_nodes"] = [np.zeros(0, np.int64)] * len(steps)
-        steps["measured_ns"] = steps["measured_ns"].astype(np.int64)
-        if not on_gpu.any() or steps.empty:
-            return steps
-        cpu = self.st.set_index(["rank", "step"])
-        for r, sub in steps.groupby("rank"):
-            idx = np.flatnonzero(on_gpu & (rank == r))
-            if not len(idx):
-                continue
-            w = cpu.loc[r].loc[sub["step"]]
-            starts = w["start_ts_ns"].to_numpy()
-            order = np.argsort(starts)
-            k = np.searchsorted(starts[order], ms[idx], side="right") - 1
-            for pos, row in enumerate(sub.index[order]):
-                nodes = idx[k == pos]
-                steps.at[row, "gpu_nodes"] = nodes
-                if len(nodes):
-                    tail = int(me[nodes].max()) - int(w["start_ts_ns"].to_numpy()[order][pos])
-                    steps.at[row, "measured_ns"] = max(int(steps.at[row, "measured_ns"]), tail)
+        empty = np.zeros(0, np.int64)
+        gpu_nodes = [empty] * len(steps)
+        measured = steps["measured_ns"].to_numpy().astype(np.int64)
+        if on_gpu.any() and not steps.empty:
+            cpu = self.st.set_index(["rank", "step"])["start_ts_ns"]
+            start = cpu.reindex(pd.MultiIndex.from_arrays([steps["rank"], steps["step"]])).to_numpy(np.int64)
+            g_idx = np.flatnonzero(on_gpu)
+            g_rank = rank[g_idx]
+            s_rank = steps["rank"].to_numpy()
+            for r in np.unique(s_rank):
+                rows = np.flatnonzero(s_rank == r)
+                idx = g_idx[g_rank == r]
+                if not len(idx):
+                    continue
+                order = np.argsort(start[rows])
+                starts = start[rows][order]
+                k = np.searchsorted(starts, ms[idx], side="right") - 1
+                o = np.argsort(k, kind="stable")
+                bounds = np.searchsorted(k[o], np.arange(len(rows) + 1))
+                for pos, row in enumerate(rows[order]):
+                    nodes = idx[o[bounds[pos]:bounds[pos + 1]]]
+                    gpu_nodes[row] = nodes
+                    if len(nodes):
+                        measured[row] = max(measured[row], int(me[nodes].max()) - int(starts[pos]))
+        steps["gpu_nodes"] = gpu_nodes
+        steps["measured_ns"] = measured
         return steps
 
 
@@ -672,7 +959,7 @@ def _cross_thread_waits(tops: dict) -> pd.DataFrame:
     for rank, lanes in by_rank.items():
         if len(lanes) < 2:
             continue
-        for tid, (starts, ends, _, _) in lanes:
+        for tid, (starts, ends, *_) in lanes:
             if len(starts) < 2:
                 continue
             gap_lo, gap_hi = ends[:-1], starts[1:]
@@ -682,7 +969,7 @@ def _cross_thread_waits(tops: dict) -> pd.DataFrame:
             gap_lo, gap_hi = gap_lo[keep], gap_hi[keep]
             best = np.full(len(gap_lo), np.iinfo(np.int64).min)
             best_tid = np.zeros(len(gap_lo), dtype=np.int64)
-            for other, (_, o_ends, _, _) in lanes:
+            for other, (_, o_ends, *_) in lanes:
                 if other == tid or not len(o_ends):
                     continue
                 k = np.searchsorted(o_ends, gap_hi, side="right") - 1   # o_ends is sorted (top level)
@@ -699,9 +986,19 @@ def _cross_thread_waits(tops: dict) -> pd.DataFrame:
     return pd.concat(rows, ignore_index=True)
 
 
-def _codes(values: pd.Series):
-    codes, uniques = pd.factorize(values)
-    return list(uniques), codes.astype(np.int32)
+def _first_codes(x, k):
+    """Like pd.factorize for codes in [0, k): (new codes numbered by first appearance, the old code
+    of each), with one radix sort instead of hashing."""
+    if not len(x):
+        return np.zeros(0, np.int32), np.zeros(0, np.int64)
+    o = np.argsort(x.astype(np.int16) if k < 32_000 else x, kind="stable")
+    xs = x[o]
+    starts = np.flatnonzero(np.r_[True, xs[1:] != xs[:-1]])
+    uniq, first = xs[starts], o[starts]           # first position of every code present
+    by_first = np.argsort(first, kind="stable")
+    remap = np.empty(k, dtype=np.int32)
+    remap[uniq[by_first]] = np.arange(len(uniq), dtype=np.int32)
+    return remap[x], uniq[by_first]
 
 
 def _topo_order(ms, kind, src, dst, n) -> np.ndarray:
@@ -712,18 +1009,32 @@ def _topo_order(ms, kind, src, dst, n) -> np.ndarray:
     topological. Each node gets a key (rank in recorded order); while some edge has key[src] >=
     key[dst], the destination's key is raised just above its source's (vectorised, one hop per
     pass; violations are local, so few passes). Kahn's algorithm is the fallback."""
-    prio = np.select([kind == ARRIVE, kind == WAIT, kind == SYNC], [0, 1, 2], 3)
-    order = np.lexsort((np.arange(n), prio, ms))
+    prio = np.select([kind == ARRIVE, kind == WAIT, kind == SYNC], [0, 1, 2], 3).astype(np.int8)
+    span = int(ms.max()) - int(ms.min()) if n else 0
+    if span < 2 ** 60:                      # one stable sort of (ms, prio); ties keep the node order
+        order = np.argsort((ms - ms.min()) * 4 + prio, kind="stable")
+    else:
+        order = np.lexsort((prio, ms))
     if len(src) == 0:
         return order
     key = np.empty(n, dtype=np.float64)
     key[order] = np.arange(n, dtype=np.float64)
-    for _ in range(200):
-        bad = key[src] >= key[dst]
+    cand = None            # edges that can be violated: all, then the out-edges of nodes just raised
+    for it in range(200):
+        s, d = (src, dst) if cand is None else (src[cand], dst[cand])
+        bad = key[s] >= key[d]
         if not bad.any():
-            return np.argsort(key, kind="stable")
+            return order if it == 0 else np.argsort(key, kind="stable")
         # just above the source: between it and the next key, so the rest of the order is kept
-        np.maximum.at(key, dst[bad], key[src[bad]] + 0.5 ** 8)
+        raised = d[bad]
+        np.maximum.at(key, raised, key[s[bad]] + 0.5 ** 8)
+        if cand is None:
+            by_src = np.argsort(src, kind="stable")
+            out_ptr = np.searchsorted(src[by_src], np.arange(n + 1))
+        # keys only grow, so only an edge whose source was raised can be violated in the next pass
+        raised = np.unique(raised)
+        cnt = out_ptr[raised + 1] - out_ptr[raised]
+        cand = by_src[np.repeat(out_ptr[raised] - np.cumsum(cnt) + cnt, cnt) + np.arange(cnt.sum())]
     return _kahn(key, src, dst, n)
 
 
