@@ -22,15 +22,28 @@ RUNS = ["ddp_gloo_cuda_2rank", "ddp_gloo_cuda_2rank_slow1", "ddp_gloo_cuda_4rank
 
 
 @pytest.fixture(scope="module")
-def con(tmp_path_factory):
+def store(tmp_path_factory):
     import traceanalyzer as ta
-    from traceanalyzer import analyses
     d = tmp_path_factory.mktemp("gpu") / "store"
     for run in RUNS:
         ta.ingest([str(TRACES / run)], str(d), run=run, workers=1)
-    c = ta.open(str(d))
+    return d
+
+
+@pytest.fixture(scope="module")
+def con(store):
+    import traceanalyzer as ta
+    from traceanalyzer import analyses
+    c = ta.open(str(store))
     analyses.prepare(c)
     return c
+
+
+def test_cli_text_cuts_kernel_names(store, run_cli):
+    """CUDA kernel names run to hundreds of characters; a line of the text summary cuts them."""
+    code, out, _ = run_cli("analyze", store, "--run", "ddp_gloo_cuda_2rank", "--no-save")
+    exposed = [line for line in out.splitlines() if "exposed #" in line]
+    assert code == 0 and exposed and all(len(line) < 220 and line.endswith("…") for line in exposed), exposed
 
 
 def test_manifests_say_gpu_and_backend():

@@ -148,6 +148,13 @@ def to_json(results: dict[str, pd.DataFrame], params: dict) -> str:
     return json.dumps(doc, indent=1)
 
 
+def _short(name, limit: int = 80) -> str:
+    """A kernel or operator name cut to `limit` characters for one line of text (CUDA kernel names
+    with their template arguments run to hundreds); the full name is in the result tables."""
+    name = str(name)
+    return name if len(name) <= limit else name[:limit - 1] + "…"
+
+
 def _ms(ns) -> str:
     return "-" if ns is None or pd.isna(ns) else f"{ns / 1e6:.2f} ms"
 
@@ -213,7 +220,7 @@ def format_text(results: dict[str, pd.DataFrame], params: dict) -> str:
         if "exposed_comm" in sel and not sel["exposed_comm"].empty:
             for r in sel["exposed_comm"].head(3).itertuples():
                 lines.append(f"  exposed #{r.rank_order}: rank {r.rank} step {r.step}: {_ms(r.exposed_ns)} of {r.op} "
-                             f"(pg {r.pg}, seq {r.seq}, {r.bytes} bytes) after {r.compute_before}")
+                             f"(pg {r.pg}, seq {r.seq}, {r.bytes} bytes) after {_short(r.compute_before)}")
         if "collectives" in sel and not sel["collectives"].empty:
             c = sel["collectives"]
             last = c["last_arriver"].value_counts()
