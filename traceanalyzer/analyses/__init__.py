@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 #: SQL modules in dependency order.
-MODULES = ("clock_offsets", "step_alignment", "collectives", "p2p", "phases", "annotations", "stragglers", "activity", "overlap", "breakdown", "imbalance", "gpu", "bubbles", "hta_compat")
+MODULES = ("clock_offsets", "step_alignment", "collectives", "p2p", "phases", "annotations", "stragglers", "activity", "overlap", "breakdown", "imbalance", "gpu", "pipelines", "bubbles", "hta_compat")
 
 #: Named parameters of the SQL modules: name -> (default, meaning). Units are in the names.
 PARAMETERS: dict[str, tuple[Any, str]] = {
@@ -41,8 +41,9 @@ def _sql(name: str) -> str:
     return resources.files(__package__).joinpath("sql", f"{name}.sql").read_text()
 
 
-def prepare(con, **params) -> Any:
-    """Load every SQL module into ``con`` with the given parameters (defaults for the rest)."""
+def prepare(con, modules=None, **params) -> Any:
+    """Load every SQL module into ``con`` with the given parameters (defaults for the rest);
+    ``modules``: only these (in MODULES order; each must come with the modules it reads)."""
     unknown = set(params) - set(PARAMETERS)
     if unknown:
         from ..errors import TraceAnalyzerError
@@ -52,7 +53,8 @@ def prepare(con, **params) -> Any:
         value = params.get(key, default)
         con.execute(f"SET VARIABLE {key} = ?", [value])
     for name in MODULES:
-        con.execute(_sql(name))
+        if modules is None or name in modules:
+            con.execute(_sql(name))
     return con
 
 

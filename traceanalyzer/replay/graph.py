@@ -79,13 +79,18 @@ class Graph:
         return len(self.dur)
 
 
+#: the analysis modules that define pipeline_stages (and what they read): binding these alone takes
+#: a fraction of a second where every analysis view takes seconds (deep view chains bind slowly)
+PIPELINE_VIEWS = ("clock_offsets", "step_alignment", "pipelines")
+
+
 def build_graph(store_or_con, run: str | None = None) -> Graph:
     """Build the replay graph of one run from a store (all ranks)."""
     from ..analyses import _connect, _sql, prepare
     con = _connect(store_or_con)
     # the graph needs the clock offsets (clock_offsets.sql: a query over comms and ranks, bound in
     # milliseconds) and, for a pipeline, its stages. Binding every analysis view costs seconds on a
-    # big store, so only a pipeline binds them all, and a connection that has them is used as it is
+    # big store, so a pipeline binds only PIPELINE_VIEWS, and a connection that has them is used as it is
     have = {v for (v,) in con.execute("SELECT view_name FROM duckdb_views() WHERE temporary").fetchall()}
     if "clock_offsets" not in have:
         con.execute(_sql("clock_offsets"))
@@ -98,7 +103,7 @@ def build_graph(store_or_con, run: str | None = None) -> Graph:
         (sends,) = con.execute("SELECT count(*) FROM comms WHERE run = $run AND op = 'send'", {"run": run}).fetchone()
         if not sends:
             return g
-        prepare(con)
+        prepare(con, modules=PIPELINE_VIEWS)
     try:
         g.stages = con.execute("SELECT rank, stage FROM pipeline_stages WHERE run = $run ORDER BY stage, rank",
                                {"run": run}).df()

@@ -178,10 +178,11 @@ def stage_costs(store_or_con, run: str | None = None) -> StageCosts:
     """Measure a pipeline run's per-micro-batch stage costs (see the module docstring)."""
     from ..analyses import _connect, prepare
     con = _connect(store_or_con)
-    # the analyses' views (pipeline_shape, pipeline_stages, clock_offsets): loading them costs ~2 s,
-    # so a connection that has them (prepared by an earlier call or by the analyses) keeps them
+    # the analyses' views (pipeline_shape, pipeline_stages, clock_offsets): only their modules are
+    # bound, and a connection that has them (an earlier call, the analyses) keeps them
     if not con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name IN ('pipeline_stages', 'clock_offsets')").fetchone()[0] == 2:
-        prepare(con)
+        from .graph import PIPELINE_VIEWS
+        prepare(con, modules=PIPELINE_VIEWS)
     from .graph import resolve_run
     run = resolve_run(con, run, "pipeline what-if")
     shape = con.execute("SELECT n_stages, stages_per_rank, microbatches, schedule FROM pipeline_shape WHERE run = $run",
