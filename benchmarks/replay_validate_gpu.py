@@ -28,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from replay_validate import cv, measured  # noqa: E402 - benchmarks/ is the script's folder
 
 PLAN = {"actions": [{"action": "idealize", "ranks": [1]}]}
 
@@ -44,7 +45,6 @@ def main() -> int:
     args = ap.parse_args()
     import traceanalyzer as ta
     from traceanalyzer import replay
-    from traceanalyzer.replay import job_step_ns
 
     a_runs = [p for f in args.folder for p in runs(f, "ddp_gloo_cuda_2rank_slow1")]
     b_runs = [p for f in args.folder for p in runs(f, "ddp_gloo_cuda_2rank")]
@@ -56,17 +56,14 @@ def main() -> int:
         for i, p in enumerate(a_runs + b_runs):
             store = Path(tmp) / f"s{i}"
             ta.ingest([str(p)], str(store), run=p.name, workers=1)
-            con = ta.open(str(store))
-            st = con.execute("SELECT rank, step, dur_ns FROM steps WHERE run = $r", {"r": p.name}).df()
-            m = job_step_ns(st, "dur_ns")
+            m = measured(store, p.name)
             if p in a_runs:
                 ma.append(m)
-                w = replay.what_if(replay.build_graph(con, p.name), PLAN)
+                w = replay.what_if(replay.build_graph(ta.open(str(store)), p.name), PLAN)
                 pred.append(w.job_step_ns("predicted_ns"))
                 ident.append(w.identity_error["median"])
             else:
                 mb.append(m)
-    cv = lambda xs: statistics.pstdev(xs) / statistics.mean(xs) if len(xs) > 1 else float("nan")
     b, p = statistics.mean(mb), statistics.mean(pred)
     err, goal = abs(p - b) / b, max(0.05, 2 * cv(mb))
     a = statistics.mean(ma)

@@ -266,19 +266,16 @@ def join_fr(rows: list[dict], entries: list[FrEntry]) -> int:
         lo, hi = r["enqueue_ts_ns"], r["enqueue_ts_ns"] + r["enqueue_dur_ns"]
         while i < len(collectives) and collectives[i].time_created_ns < lo:
             i += 1
-        if i < len(collectives) and collectives[i].time_created_ns <= hi:
-            e = collectives[i]
-            if r["dialect"] == "nccl":
-                if r.get("pg_name") is not None and str(e.process_group[0]) != str(r["pg_name"]):
-                    continue
-                r.update(fr_seq=e.collective_seq_id)
-                joined += 1
-                i += 1
-                continue
-            r.update(pg_name=str(e.process_group[0]), pg_source="flight_recorder", pg_inferred=False,
-                     fr_seq=e.collective_seq_id)
+        if i >= len(collectives) or collectives[i].time_created_ns > hi:
+            continue
+        e = collectives[i]
+        if r["dialect"] == "gloo":   # the trace names no group: the FR's
+            r.update(pg_name=str(e.process_group[0]), pg_source="flight_recorder", pg_inferred=False)
             if len(e.process_group) > 1 and e.process_group[1]:
                 r["pg_desc"] = str(e.process_group[1])
-            joined += 1
-            i += 1
+        elif r.get("pg_name") is not None and str(e.process_group[0]) != str(r["pg_name"]):
+            continue
+        r["fr_seq"] = e.collective_seq_id
+        joined += 1
+        i += 1
     return joined

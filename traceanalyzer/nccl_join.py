@@ -138,9 +138,13 @@ class _Fit:
     tied: list[int]
     dur_error: float | None
     by_durations: bool
+    by_anchor: bool = False  # the tie was broken by an offset known from elsewhere (the Flight Recorder)
 
 
-def _align(nccl: list[dict], prof: list[dict], p: JoinParams) -> _Fit:
+def _align(nccl: list[dict], prof: list[dict], p: JoinParams, anchor: int | None = None) -> _Fit:
+    """The best offset of ``prof`` against ``nccl``; repeating ops tie several offsets: durations
+    break the tie where the source has them, else ``anchor`` (an offset known independently) if it
+    is one of the tied offsets."""
     n, m = len(nccl), len(prof)
     by_op = defaultdict(list)
     for j, b in enumerate(prof):
@@ -158,13 +162,15 @@ def _align(nccl: list[dict], prof: list[dict], p: JoinParams) -> _Fit:
     best = max(scores.values())
     tied = sorted((d for d, s in scores.items() if s >= best - p.ambiguity_margin), key=lambda d: (-scores[d], d))
     errors = {d: _dur_error(nccl, prof, d) for d in tied}
-    chosen, by_dur = tied[0], False
+    chosen, by_dur, by_anchor = tied[0], False, False
     if len(tied) > 1:
         ranked = sorted(tied, key=lambda d: (math.inf if errors[d] is None else errors[d]))
         e1, e2 = errors[ranked[0]], errors[ranked[1]]
         if e1 is not None and e2 is not None and e2 >= p.dur_tiebreak_ratio * max(e1, p.dur_error_floor):
             chosen, by_dur = ranked[0], True
-    return _Fit(chosen, overlap[chosen], matched[chosen], scores[chosen], tied, errors[chosen], by_dur)
+        elif anchor in tied:
+            chosen, by_anchor = anchor, True
+    return _Fit(chosen, overlap[chosen], matched[chosen], scores[chosen], tied, errors[chosen], by_dur, by_anchor)
 
 
 def _dur_error(nccl, prof, d) -> float | None:
@@ -254,7 +260,7 @@ def _map_comm(src, run, rank, comm, ops_, prof_rows, pids, p: JoinParams, fr_pos
                         "reason": f"torch's log names process group {torch_pg} for communicator {base['nccl_comm']}, "
                                   f"which has no collectives in window {window}"})
             continue
-        fits = {pg: _align(ops_, rows_, p) for pg, rows_ in cands.items()}
+        fits = {pg: _align(ops_, rows_, p, _fr_offset(rows_, fr_pos or {}, run, rank, pg)) for pg, rows_ in cands.items()}
         ranked = sorted(fits, key=lambda pg: -fits[pg].score)
         pg = ranked[0]
         f = fits[pg]
@@ -264,11 +270,7 @@ def _map_comm(src, run, rank, comm, ops_, prof_rows, pids, p: JoinParams, fr_pos
                         "reason": f"no offset against {'process group ' + str(torch_pg) if torch_pg else 'any process group'} "
                                   f"of window {window} makes {min(p.min_ops, len(ops_))} or more of its {len(ops_)} ops agree"})
             continue
-        anchor = _fr_offset(cands[pg], fr_pos or {}, run, rank, pg) if len(f.tied) > 1 and not f.by_durations else None
-        by_fr = anchor is not None and anchor in f.tied
-        if by_fr:
-            f.offset, f.n_compared, f.n_matched = anchor, f.n_compared, f.n_matched
-        evidence = ["ops_sizes"] + (["durations"] if f.by_durations else []) + (["flight_recorder"] if by_fr else []) + (["torch_log"] if torch_pg else []) + ([pid_ok] if pid_ok else [])
+        evidence = ["ops_sizes"] + (["durations"] if f.by_durations else []) + (["flight_recorder"] if f.by_anchor else []) + (["torch_log"] if torch_pg else []) + ([pid_ok] if pid_ok else [])
         row.update(pg_name=pg, n_pg_ops=len(cands[pg]), pos_offset=f.offset, n_compared=f.n_compared, n_matched=f.n_matched,
                    score=round(f.score, 4), n_tied=len(f.tied), dur_error=f.dur_error, evidence=";".join(evidence))
         what = f"{f.n_matched} of {min(len(ops_), len(cands[pg]))} ops agree (op, size, group size) at offset {f.offset}"
@@ -279,7 +281,7 @@ def _map_comm(src, run, rank, comm, ops_, prof_rows, pids, p: JoinParams, fr_pos
                   f"{what}: score {f.score:.2f} < min_score {p.min_score}"
         elif others:
             status, why = "ambiguous", f"process groups {', '.join(map(str, [pg] + others))} fit equally well ({what})"
-        elif len(f.tied) > 1 and not f.by_durations and not by_fr:
+        elif len(f.tied) > 1 and not f.by_durations and not f.by_anchor:
             status = "ambiguous"
             why = (f"{len(f.tied)} alignments fit process group {pg} equally (offsets {', '.join(map(str, sorted(f.tied)[:6]))}"
                    f"{', ...' if len(f.tied) > 6 else ''}): the ops repeat; " +
@@ -289,7 +291,7 @@ def _map_comm(src, run, rank, comm, ops_, prof_rows, pids, p: JoinParams, fr_pos
             why = what + (f"; {len(f.tied)} repeating alignments told apart by durations (median error {f.dur_error:.3f})"
                           if f.by_durations else "") + \
                 (f"; {len(f.tied)} repeating alignments told apart by the Flight Recorder's sequence ids "
-                 "(the log starts when the communicator is created)" if by_fr else "")
+                 "(the log starts when the communicator is created)" if f.by_anchor else "")
         out.append({**row, "status": status, "reason": why})
     return out
 

@@ -90,13 +90,12 @@ def device_of(args: argparse.Namespace) -> torch.device:
     return torch.device("cuda", local_rank % gpus)
 
 
-def init_distributed(seed: int, pin: bool = True, args: argparse.Namespace | None = None
-                     ) -> tuple[int, int]:
-    """The process group (gloo, or NCCL with ``--backend nccl``) with one intra-op thread per rank
-    (2-core hosts run 4 ranks); returns (rank, world). With ``args``, the rank's CUDA device (if
-    any) is made current first, so NCCL and the profiler see the right GPU."""
-    backend = args.backend if args is not None else "gloo"
-    device = device_of(args) if args is not None else torch.device("cpu")
+def init_distributed(args: argparse.Namespace) -> tuple[int, int, torch.device]:
+    """The process group (``--backend``: gloo, or NCCL) with one intra-op thread per rank (2-core
+    hosts run 4 ranks); returns (rank, world, this rank's device). The rank's CUDA device (if any)
+    is made current first, so NCCL and the profiler see the right GPU."""
+    seed, pin, backend = args.seed, args.pin, args.backend
+    device = device_of(args)
     if pin and hasattr(os, "sched_setaffinity"):
         pin_to_core()
     enable_flight_recorder()  # must precede the first process group
@@ -106,7 +105,7 @@ def init_distributed(seed: int, pin: bool = True, args: argparse.Namespace | Non
     dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(seed)  # same initial weights on every rank (DDP broadcasts anyway)
-    return rank, world
+    return rank, world, device
 
 
 def check_rank_flags(args: argparse.Namespace, world: int) -> None:

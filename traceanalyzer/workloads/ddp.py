@@ -29,9 +29,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    rank, world = common.init_distributed(args.seed, pin=args.pin, args=args)
+    rank, world, dev = common.init_distributed(args)
     common.check_rank_flags(args, world)
-    dev = common.device_of(args)
     work = common.imbalance_factor(args, rank)
     model = common.Straggler(models.build(args.model, width=args.width, depth=args.depth),
                              common.straggler_delay_s(args, rank), annotate=args.annotate_delay).to(dev)

@@ -42,9 +42,8 @@ def shard_units(model: nn.Module) -> list[nn.Module]:
 
 
 def run(args: argparse.Namespace) -> None:
-    rank, world = common.init_distributed(args.seed, pin=args.pin, args=args)
+    rank, world, dev = common.init_distributed(args)
     common.check_rank_flags(args, world)
-    dev = common.device_of(args)
     mesh = init_device_mesh(dev.type, (world,))
     reshard = not args.no_reshard
     inner = models.build(args.model).to(dev)

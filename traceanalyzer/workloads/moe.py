@@ -145,8 +145,7 @@ def allreduce_mean(params: list[nn.Parameter], world: int) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    rank, world = common.init_distributed(args.seed, pin=args.pin, args=args)
-    dev = common.device_of(args)
+    rank, world, dev = common.init_distributed(args)
     common.check_rank_flags(args, world)
     hot = world - 1 if args.skew_rank is None else args.skew_rank
     if not 0 <= hot < world or args.skew <= 0:

@@ -143,8 +143,7 @@ def _all_reduce_grads(stage_params: list[list[torch.nn.Parameter]], group, dp: i
 
 
 def run(args: argparse.Namespace) -> None:
-    rank, world = common.init_distributed(args.seed, pin=args.pin, args=args)
-    dev = common.device_of(args)
+    rank, world, dev = common.init_distributed(args)
     n_stages = _check(args, world)
     pp, dp = world // args.dp, args.dp
     replica, pp_rank = rank // pp, rank % pp
