@@ -105,3 +105,69 @@ def test_string_path_same_graph(store, monkeypatch):
     monkeypatch.setattr(graph, "_HASH_NAMES", False)
     for run in runs:
         _same(replay.build_graph(con, run), hashed[run], run)
+
+
+def test_compiled_sweep_same_as_python(store, monkeypatch):
+    """The simulator's head sweep compiled by numba (replay/_jit.py) gives the same integers as the
+    plain Python loop, on every shipped run, for the identity replay and for perturbed durations
+    (each rank's work scaled differently, so the binding predecessors change)."""
+    pytest.importorskip("numba")
+    import traceanalyzer as ta
+    from traceanalyzer import replay
+    from traceanalyzer.replay._jit import sweep_kernel
+    con = ta.open(str(store))
+    runs = RUNS + (["dlrm"] if (EXTERNAL / "param_dlrm_8rank").exists() else [])
+    moved = 0
+    for run in runs:
+        g = replay.build_graph(con, run)
+        sim = replay.Simulator(g)
+        factor = 0.5 + (np.maximum(g.rank, 0) % 3) * 0.4           # ranks 0,1,2 -> x0.5, x0.9, x1.3
+        durs = [None, (g.dur * factor).astype(np.int64)]
+        monkeypatch.delenv("TRACEANALYZER_NO_NUMBA", raising=False)
+        assert sweep_kernel() is not None
+        fast = [sim.run(d) for d in durs]
+        monkeypatch.setenv("TRACEANALYZER_NO_NUMBA", "1")
+        assert sweep_kernel() is None
+        slow = [sim.run(d) for d in durs]
+        for a, b in zip(fast, slow):
+            np.testing.assert_array_equal(a.start, b.start, err_msg=run)
+            np.testing.assert_array_equal(a.end, b.end, err_msg=run)
+        moved += int((fast[1].end != fast[0].end).sum())
+    assert len(runs) >= 10 and moved > 1000, (runs, moved)
+
+
+def test_nested_column_matches_window_definition(store):
+    """events.nested (ingest, numpy) equals the definition written as one DuckDB window query: per
+    CPU thread, in (start, longest first, file order), the event starts before and ends no later
+    than the latest end before it (ProfilerStep, instants, GPU annotations and the profiler's own
+    spans not counted). Checked on every event of every shipped run (and DLRM)."""
+    import traceanalyzer as ta
+    con = ta.open(str(store))
+    (bad, total, nested) = con.execute("""
+        WITH w AS (
+            SELECT run, rank, window_id, event_id, ts_ns, ts_ns + dur_ns AS te,
+                   max(ts_ns + dur_ns) OVER (PARTITION BY run, rank, window_id, tid
+                                             ORDER BY ts_ns, dur_ns DESC, event_id
+                                             ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_max
+            FROM events
+            WHERE ph = 'X' AND NOT is_gpu AND kind NOT IN ('step', 'instant', 'gpu_annotation')
+              AND NOT (kind = 'other' AND name LIKE 'PyTorch Profiler%'))
+        SELECT count(*) FILTER (WHERE e.nested IS DISTINCT FROM coalesce(w.te <= w.prev_max AND w.ts_ns < w.prev_max, false)),
+               count(*), count(*) FILTER (WHERE e.nested)
+        FROM events e LEFT JOIN w USING (run, rank, window_id, event_id)""").fetchone()
+    assert bad == 0 and nested > 0.3 * total, (bad, total, nested)
+
+
+def test_graph_same_without_skipping_nested(store, monkeypatch):
+    """The builder leaves nested cpu_ops in the store (replay/graph.py _NOT_NESTED); fetching them
+    anyway, as it does on a store written before schema 1.3, gives the same graph."""
+    import traceanalyzer as ta
+    from traceanalyzer import replay
+    from traceanalyzer.replay import graph
+    con = ta.open(str(store))
+    runs = ["ddp_gloo_4rank", "pp_1f1b_4rank", "ddp_gloo_cuda_2rank_slow1"] + \
+        (["dlrm"] if (EXTERNAL / "param_dlrm_8rank").exists() else [])
+    skipped = {run: replay.build_graph(con, run) for run in runs}
+    monkeypatch.setattr(graph, "_SKIP_NESTED", False)
+    for run in runs:
+        _same(replay.build_graph(con, run), skipped[run], run)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-SCHEMA_VERSION = "1.2"
+SCHEMA_VERSION = "1.3"
 
 #: Durations above this are not plausible for one traced operation (a clock glitch or a
 #: never-closed range); such events are dropped and counted (``skipped.absurd_duration``).
@@ -113,6 +113,7 @@ EVENTS = Table("events", "Every complete ('X') and instant ('i') trace event.", 
     _c("correlation", I64, "CUDA/HIP correlation id linking a runtime launch to its kernel"),
     _c("external_id", I64, "Kineto 'External id' linking GPU work to the CPU op that issued it"),
     _c("step", I32, "ProfilerStep number this event belongs to (CPU: the enclosing step; GPU: the step of the launching CPU call), null outside steps"),
+    _c("nested", BOOL, "true for a CPU event that lies wholly inside the span of events that started before it on its thread (ProfilerStep and the profiler's own spans not counted): not top-level work. `WHERE NOT nested` keeps each thread's top-level ops plus events that outlive their parent; null in stores written before schema 1.3"),
     _c("args_json", STR, "the event's args as JSON text, kept whole"),
 ))
 

@@ -170,6 +170,7 @@ def build_tables(trace: RawTrace, rank_arg: int | None = None) -> RankTables:
         raise TraceInputError(trace.path, "the trace has no complete events (only metadata or flows)")
     steps = _steps_table(events)
     events = events.set_column(events.schema.get_field_index("step"), "step", _assign_steps(events, steps))
+    events = events.set_column(events.schema.get_field_index("nested"), "nested", _nested(events))
     threads = _threads_table(meta_events, events)
     flows_t = _flows_table(flows, base_ns, skipped)
     pgs = _process_groups_table(trace.meta.get("distributedInfo"))
@@ -243,7 +244,7 @@ def _events_table(cols: dict[str, pa.Array], base_ns: int, skipped: Counter, fir
         "ts_ns": pc.add(ts, base_ns), "dur_ns": pa.array(dur_np), "pid": cols["pid"], "tid": cols["tid"],
         "is_gpu": is_gpu_a, "device": device.cast(pa.int32()), "stream": stream,
         "correlation": cols["corr"], "external_id": cols["ext"],
-        "step": pa.nulls(n, pa.int32()), "args_json": cols["args"],
+        "step": pa.nulls(n, pa.int32()), "nested": pa.nulls(n, pa.bool_()), "args_json": cols["args"],
     })
     # event_id is the position in the file (kept for every event, dropped ones leave gaps)
     return table.filter(keep) if drop.any() else table
@@ -268,6 +269,41 @@ def _steps_table(events: pa.Table) -> pa.Table:
         "end_ts_ns": pa.array([ranges[s][1] for s in steps], pa.int64()),
         "dur_ns": pa.array([ranges[s][1] - ranges[s][0] for s in steps], pa.int64()),
     }, schema=S.STEPS.arrow_schema)
+
+
+#: kinds that do not count as a thread's work when nesting is decided (ProfilerStep spans hold
+#: everything; instants and GPU-side annotations are not CPU work)
+_NOT_WORK = ("step", "instant", "gpu_annotation")
+
+
+def _nested(events: pa.Table) -> pa.Array:
+    """events.nested: per CPU thread, events sorted by (start, longest first, file order); an event
+    is nested when it starts before and ends no later than the latest end of the events before it.
+    The replay graph builder (replay/graph.py) merges each thread's events into top-level work
+    by this very rule, so it may leave nested cpu_ops in the store: they cannot start or extend
+    a top-level span. The profiler's own 'PyTorch Profiler' spans are not counted either."""
+    n = events.num_rows
+    out = np.zeros(n, dtype=bool)
+    kind, name = events["kind"], events["name"]
+    work = pc.and_(pc.equal(events["ph"], "X"), pc.invert(events["is_gpu"]))
+    work = pc.and_(work, pc.invert(pc.is_in(kind, pa.array(_NOT_WORK))))
+    work = pc.and_(work, pc.invert(pc.and_(pc.equal(kind, "other"), pc.starts_with(name, "PyTorch Profiler"))))
+    idx = np.flatnonzero(pc.fill_null(work, False).to_numpy(zero_copy_only=False))
+    if not len(idx):
+        return pa.array(out)
+    tid = pc.fill_null(events["tid"], 0).to_numpy()[idx]
+    ts = events["ts_ns"].to_numpy()[idx]
+    dur = pc.fill_null(events["dur_ns"], 0).to_numpy()[idx]
+    o = np.lexsort((idx, -dur, ts, tid))
+    tid, ts, te = tid[o], ts[o], ts[o] + dur[o]
+    bounds = np.flatnonzero(np.r_[True, tid[1:] != tid[:-1], True])
+    prev_max = np.empty_like(te)
+    for a, b in zip(bounds[:-1], bounds[1:]):
+        prev_max[a] = np.iinfo(np.int64).min
+        if b - a > 1:
+            np.maximum.accumulate(te[a:b - 1], out=prev_max[a + 1:b])
+    out[idx[o]] = (te <= prev_max) & (ts < prev_max)
+    return pa.array(out)
 
 
 def _assign_steps(events: pa.Table, steps: pa.Table) -> pa.Array:

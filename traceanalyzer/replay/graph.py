@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from .._memory import small_pages
 from ..errors import TraceAnalyzerError
 
 # node kinds
@@ -95,7 +96,8 @@ def build_graph(store_or_con, run: str | None = None) -> Graph:
     if "clock_offsets" not in have:
         con.execute(_sql("clock_offsets"))
     run = resolve_run(con, run, "replay")
-    g = _Builder(con, run).build()
+    with small_pages():
+        g = _Builder(con, run).build()
     g.source = con
     g.stages = pd.DataFrame({"rank": np.zeros(0, np.int32), "stage": np.zeros(0, np.int64)})
     if "pipeline_stages" not in have:
@@ -142,14 +144,19 @@ def merge_intervals(iv) -> np.ndarray:
 
 _EVENTS_WHERE = """FROM events WHERE run = $run AND ph = 'X' AND kind NOT IN ('instant', 'gpu_annotation')
                      AND NOT (kind = 'other' AND name LIKE 'PyTorch Profiler%')"""
+# cpu_ops that ingest found nested (events.nested: wholly inside earlier work on their thread, the
+# rule _make_cpu_lanes merges top-level work by) can neither start nor extend a top-level span, and
+# nothing else here reads a cpu_op: they stay in the store (two thirds of a big run's events)
+_NOT_NESTED = " AND NOT (kind = 'cpu_op' AND coalesce(nested, false))"
+_SKIP_NESTED = True  # False: fetch them anyway (stores before schema 1.3 have no such column; the tests compare)
 # names leave DuckDB as 64-bit hashes (cheaper than 13 M strings), kinds as their position in the
 # run's list of kinds; the strings come from one DISTINCT query (a hash collision falls back to strings)
 _EVENTS_SQL = ("SELECT rank, event_id, coalesce(list_position($kinds, kind), 0)::SMALLINT AS kind_pos, "
                "hash(name) AS name_hash, ts_ns, dur_ns, tid, is_gpu, coalesce(correlation, 0) AS correlation, "
-               "correlation IS NOT NULL AS has_corr " + _EVENTS_WHERE)
+               "correlation IS NOT NULL AS has_corr ")
 _HASH_NAMES = True   # False: always fetch the strings (what a collision does; the tests check both give one graph)
 _EVENTS_SQL_STRINGS = ("SELECT rank, event_id, kind, name, ts_ns, dur_ns, tid, is_gpu, coalesce(correlation, 0) AS "
-                       "correlation, correlation IS NOT NULL AS has_corr " + _EVENTS_WHERE)
+                       "correlation, correlation IS NOT NULL AS has_corr ")
 # what a wait waits for: a member's POST, an instance's SYNC, a GPU op, another CPU thread of the rank
 _POST_SRC, _SYNC_SRC, _GPU_SRC, _CPU_SRC = 0, 1, 2, 3
 
@@ -278,16 +285,19 @@ class _Builder:
     def load(self):
         off = self.q("SELECT rank, offset_ns FROM clock_offsets WHERE run = $run")
         self.offset = dict(zip(off["rank"], off["offset_ns"]))
-        pairs = self.con.execute("SELECT DISTINCT kind, name, hash(name) " + _EVENTS_WHERE, {"run": self.run}).fetchall()
+        where = _EVENTS_WHERE
+        if _SKIP_NESTED and "nested" in {d[0] for d in self.con.execute("SELECT * FROM events LIMIT 0").description}:
+            where += _NOT_NESTED
+        pairs = self.con.execute("SELECT DISTINCT kind, name, hash(name) " + where, {"run": self.run}).fetchall()
         kinds = sorted({k for k, _, _ in pairs if k is not None})
         by_hash = {}
         for _, name, h in pairs:
             by_hash.setdefault(h, set()).add(name)
         hashed = _HASH_NAMES and all(len(v) == 1 for v in by_hash.values())
         if hashed:
-            t = self.con.sql(_EVENTS_SQL, params={"run": self.run, "kinds": kinds}).to_arrow_table()
+            t = self.con.sql(_EVENTS_SQL + where, params={"run": self.run, "kinds": kinds}).to_arrow_table()
         else:
-            t = self.con.sql(_EVENTS_SQL_STRINGS, params={"run": self.run}).to_arrow_table()
+            t = self.con.sql(_EVENTS_SQL_STRINGS + where, params={"run": self.run}).to_arrow_table()
         rank = _int_col(t, "rank")
         o = np.zeros(int(rank.max()) + 1 if len(rank) else 1, dtype=np.int64)
         for r, v in self.offset.items():
@@ -499,7 +509,7 @@ class _Builder:
             w = w[self.e_kind[w] != step_code]
             if not len(w):
                 continue
-            w = w[np.lexsort((-dur_all[w], ts_all[w]))]
+            w = w[np.lexsort((self.e_id[w], -dur_all[w], ts_all[w]))]   # events.nested sorts the same way
             ts, te = ts_all[w], te_all[w]
             prev_max = np.empty_like(te)
             prev_max[0] = imin

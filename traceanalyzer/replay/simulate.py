@@ -5,8 +5,8 @@ Why chains: most nodes (CPU work between two dependency points, a stream's kerne
 ahead) depend only on their lane predecessor. Such a node cannot change its lane neighbour's
 relative position, so a maximal run of them behind a *head* node (one with a cross-lane edge, a
 release time or a fitted lane lag) is simulated as one segment: the head's start is computed event
-by event in topological order (a Python loop over heads only), the members' times by one vectorised
-cumulative sum. The result is the same as a node-by-node discrete-event sweep with FIFO lanes.
+by event in topological order (a loop over heads only, compiled by numba where it is installed:
+_jit.py), the members' times by one vectorised cumulative sum. The result is the same as a node-by-node discrete-event sweep with FIFO lanes.
 """
 from __future__ import annotations
 
@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .._memory import small_pages
+from ._jit import sweep_kernel
 from .graph import NO_REL, Graph
 
 
@@ -28,6 +30,10 @@ class Simulator:
     """Precomputes the segment structure of a graph once; ``run(dur)`` replays any durations."""
 
     def __init__(self, graph: Graph):
+        with small_pages():
+            self._setup(graph)
+
+    def _setup(self, graph: Graph):
         g = graph
         n = g.n
         cnt = np.diff(g.ptr)
@@ -43,34 +49,52 @@ class Simulator:
         self.heads = np.flatnonzero(self.is_head)
         self.graph = g
         order_heads = g.order[self.is_head[g.order]]
-        self._h_seg = self.seg_of[order_heads].tolist()
-        self._h_a = g.ptr[order_heads].tolist()
-        self._h_b = g.ptr[order_heads + 1].tolist()
-        self._h_rel = g.rel[order_heads].tolist()
-        self._e_seg = self.seg_of[g.src].tolist()
-        self._e_src = g.src.tolist()
-        self._e_lag = g.lag.tolist()
+        self._h_seg = self.seg_of[order_heads]
+        self._h_a = g.ptr[order_heads]
+        self._h_b = g.ptr[order_heads + 1]
+        self._h_rel = g.rel[order_heads]
+        self._e_seg = self.seg_of[g.src]
+        self._e_src = np.asarray(g.src, dtype=np.int64)
+        self._e_lag = np.asarray(g.lag, dtype=np.int64)
+        self._lists = None       # the same as Python lists, for the loop without numba (made once)
 
     @property
     def n_heads(self) -> int:
         return len(self.heads)
 
     def run(self, dur: np.ndarray | None = None) -> Schedule:
+        with small_pages():
+            return self._run(dur)
+
+    def _run(self, dur):
         g = self.graph
         dur = g.dur if dur is None else np.asarray(dur, dtype=np.int64)
         cs = np.cumsum(dur)
         base = cs[self.heads] - dur[self.heads]
-        off = (cs - base[self.seg_of]).tolist()   # end offset of each node from its segment's start
+        off = cs - base[self.seg_of]     # end offset of each node from its segment's start
+        kernel = sweep_kernel()
+        if kernel is not None:
+            seg_start = np.zeros(len(self.heads), dtype=np.int64)
+            kernel(self._h_seg, self._h_a, self._h_b, self._h_rel, self._e_seg, self._e_src, self._e_lag, off,
+                   seg_start)
+        else:
+            seg_start = self._sweep_python(off.tolist())
+        end = seg_start[self.seg_of] + off
+        return Schedule(start=end - dur, end=end)
+
+    def _sweep_python(self, off: list) -> np.ndarray:
+        if self._lists is None:
+            self._lists = [a.tolist() for a in (self._h_seg, self._h_a, self._h_b, self._h_rel,
+                                                 self._e_seg, self._e_src, self._e_lag)]
+        h_seg, h_a, h_b, h_rel, e_seg, e_src, e_lag = self._lists
         seg_start = [0] * len(self.heads)
-        e_seg, e_src, e_lag = self._e_seg, self._e_src, self._e_lag
-        for s, a, b, t in zip(self._h_seg, self._h_a, self._h_b, self._h_rel):
+        for s, a, b, t in zip(h_seg, h_a, h_b, h_rel):
             for e in range(a, b):
                 v = seg_start[e_seg[e]] + off[e_src[e]] + e_lag[e]
                 if v > t:
                     t = v
             seg_start[s] = t
-        end = np.asarray(seg_start, dtype=np.int64)[self.seg_of] + np.asarray(off, dtype=np.int64)
-        return Schedule(start=end - dur, end=end)
+        return np.asarray(seg_start, dtype=np.int64)
 
 
 def simulate(graph: Graph, dur: np.ndarray | None = None) -> Schedule:
