@@ -23,7 +23,7 @@ def sweep_kernel():
     if _KERNEL is None:
         try:
             import numba
-        except ImportError:
+        except Exception:  # noqa: BLE001 - missing, or built for another numpy: the Python loop
             _KERNEL = False
         else:
             _KERNEL = numba.njit(cache=True, nogil=True)(_sweep)

@@ -383,13 +383,13 @@ class _Builder:
         t0 = time.perf_counter()
         self.load()
         t1 = time.perf_counter()
-        self._plan_comm()
-        self._cpu_cut_points()
-        self._make_cpu_lanes()
-        self._make_queue_lanes()
-        self._make_edges()
-        g = self._finish()
-        g.stats.update(load_s=t1 - t0, build_s=time.perf_counter() - t1)
+        phases = {}
+        for step in (self._plan_comm, self._cpu_cut_points, self._make_cpu_lanes, self._make_queue_lanes,
+                     self._make_edges, self._finish):
+            t = time.perf_counter()
+            g = step()
+            phases[step.__name__.strip("_")] = round(time.perf_counter() - t, 3)
+        g.stats.update(load_s=t1 - t0, build_s=time.perf_counter() - t1, phases_s=phases)
         return g
 
     # -- communication instances ---------------------------------------------------------------
