@@ -201,3 +201,49 @@ def test_structural_plans_through_run_plan_and_cli(tmp_path, run_cli):
     assert sum(e["ph"] == "X" for e in json.loads(out.read_text())["traceEvents"]) > 10
     code, _, err = run_cli("replay", st, "--run", "ddp_gloo_2rank_big_b25", "--plan", plan, "--straggler-metrics")
     assert code == 2 and "--straggler-metrics goes with duration plans" in err
+
+
+def _typical_by_pandas(g, ref_ranks):
+    """The compute part of typical_durations written the direct way (pandas groupby + merge, as
+    the first version of plans.py did): mean over the reference ranks of the same operation."""
+    import numpy as np
+    import pandas as pd
+    from traceanalyzer.replay.graph import GAP
+    lanes = g.lanes.sort_values(["rank", "type", "tid"])
+    lanes["ordinal"] = lanes.groupby(["rank", "type"]).cumcount()
+    lane_key = np.full(int(g.lane.max()) + 2, -1)
+    lane_key[lanes["lane"].to_numpy()] = pd.factorize(lanes["type"] + ":" + lanes["ordinal"].astype(str))[0]
+    name = g.label.astype(np.int64)
+    nxt = np.r_[name[1:], -1]
+    same_lane = np.r_[(g.lane[1:] == g.lane[:-1]) & (g.lane[:-1] >= 0), False]
+    name = np.where((g.kind == GAP) & same_lane, nxt, name)
+    df = pd.DataFrame({"lane": lane_key[g.lane], "label": name, "kind": g.kind, "dur": g.dur, "rank": g.rank})
+    df["occ"] = df.groupby(["rank", "lane", "label", "kind"]).cumcount()
+    key = ["lane", "label", "kind", "occ"]
+    ref = df[df["rank"].isin(ref_ranks)].groupby(key)["dur"].mean().rename("typ")
+    typ = df[key].merge(ref, left_on=key, right_index=True, how="left")["typ"].to_numpy()
+    return np.rint(np.where(np.isnan(typ), g.dur, typ)).astype(np.int64)
+
+
+def test_typical_durations_match_direct_groupby(graphs):
+    """typical_durations keys operations once per graph (g.cache) and averages with bincount; on
+    compute nodes it equals the direct pandas groupby for all ranks and for 'every rank but one'
+    (the default reference of a subset), whatever the order of the calls."""
+    import numpy as np
+    from traceanalyzer.replay import typical_durations
+    from traceanalyzer.replay.graph import KERNEL, OP
+    for run in ("ddp_gloo_4rank_slow2", "pp_1f1b_4rank_slow2", "dlrm"):
+        if run not in graphs:
+            continue
+        g = graphs[run]
+        g.cache.clear()
+        ranks = sorted(set(g.rank[g.rank >= 0].tolist()))
+        comp = np.isin(g.kind, [OP, KERNEL])
+        for left_out in (2, None, 1):
+            ref = [r for r in ranks if r != left_out]
+            mask = np.isin(np.arange(max(ranks) + 1), ref)
+            got = typical_durations(g, None if left_out is None else mask)
+            want = _typical_by_pandas(g, ref)
+            np.testing.assert_array_equal(got[comp], want[comp], err_msg=f"{run} without {left_out}")
+            assert (got[comp] != g.dur[comp]).sum() > 10, run     # it does change durations
+        assert "operation_key" in g.cache

@@ -74,6 +74,7 @@ class Graph:
     stages: pd.DataFrame | None = None   # rank, stage (pipelines: the analyses' stage detection)
     source: object = None                # the DuckDB connection it was built from (alpha-beta fits)
     alphabeta: object = None             # the run's alpha-beta fit, once a plan asked for it
+    cache: dict = field(default_factory=dict, repr=False)   # what plans derive from the graph alone (plans.py)
 
     @property
     def n(self) -> int:

@@ -23,18 +23,20 @@ from .findings import Finding, median_step_ns, ms, pct_of
 from .load import RunData
 
 #: At most this many rank findings (largest estimate first) are replayed; the others keep their
-#: estimate. One what-if costs one replay of the whole graph (~10 s for 13 M events on 2 cores).
+#: estimate. One what-if costs two replays of the whole graph plus the plan: ~0.6 s for 13 M events
+#: on 2 cores (the first ~1.5 s: it also keys every operation across ranks once).
 REPLAY_MAX_FINDINGS = 3
 
 #: Findings whose estimate is below this % of the median step are not replayed (nothing worth a
 #: what-if; a 128-rank DLRM job flags 16 ranks that each cost 0.07 % of a step).
 REPLAY_MIN_PCT = 1.0
 
-#: Runs with more stored events than this are not replayed by the report: building the graph
-#: costs about 9 us per event on 2 cores (118 s for 13 M events), over the report's 30 s budget.
-#: ``traceanalyzer report --replay-max-events N`` raises it; the estimates are kept and the
-#: report says why.
-REPLAY_MAX_EVENTS = 1_000_000
+#: Runs with more stored events than this are not replayed by the report (the estimates are kept
+#: and the report says why; ``traceanalyzer report --replay-max-events N`` changes it). Building
+#: the graph costs ~0.5 us per stored event on 2 cores (6.5-7 s for the 13 M events of the
+#: 128-rank benchmark store, 2.3 GB), so graph + 3 what-ifs of a 20 M-event run stay inside the
+#: report's 30 s budget beside the report's own ~11 s.
+REPLAY_MAX_EVENTS = 20_000_000
 
 #: Finding kinds a what-if applies to (the ones that name a rank).
 REPLAY_KINDS = ("straggler", "imbalance", "slow_stage")
@@ -100,6 +102,7 @@ def apply_replay(store, data: RunData, findings: list[Finding], max_events: int 
         return out
     out = RunReplay("ok", build_s=time.perf_counter() - t0)
     step_ns = median_step_ns(data)
+    sim = replay.Simulator(g)    # one set-up for every what-if of the run
     for i, f in enumerate(targets):
         if i >= REPLAY_MAX_FINDINGS:
             f.replay = {"status": "skipped", "reason": f"only the top {REPLAY_MAX_FINDINGS} rank findings are replayed"}
@@ -107,7 +110,7 @@ def apply_replay(store, data: RunData, findings: list[Finding], max_events: int 
         ranks = _target_ranks(f, data)
         plan = {"actions": [{"action": "idealize", "ranks": ranks}]}
         try:
-            r = replay.what_if(g, {"actions": [dict(a) for a in plan["actions"]]})  # it may add keys
+            r = replay.what_if(g, {"actions": [dict(a) for a in plan["actions"]]}, sim=sim)  # it may add keys
             ident_ns, pred_ns = r.job_step_ns("identity_ns"), r.job_step_ns()
             err = {k: float(r.identity_error[k]) for k in ("median", "p90") if k in r.identity_error}
         except Exception as exc:  # noqa: BLE001
