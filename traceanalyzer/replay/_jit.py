@@ -1,4 +1,4 @@
-"""The simulator's one sequential loop, compiled with numba when it is installed.
+"""The replay's sequential loops, compiled with numba when it is installed.
 
 A replay is a max-plus sweep over the graph's heads in topological order: each head starts at
 the latest of its release time and its predecessors' ends (plus the fitted lag). That loop cannot
@@ -6,28 +6,40 @@ be vectorised (every head may depend on the one before), so in plain Python it c
 per edge: 1.7 s for the 4 M-node, 128-rank graph of benchmarks/RESULTS.md, and the straggler
 metrics replay the graph once per rank. numba (the ``fast`` extra) compiles it to machine code;
 without numba, or with ``TRACEANALYZER_NO_NUMBA=1``, the same loop runs in Python and gives the
-same integers (tests/test_replay_jit.py compares the two on every shipped run).
+same integers (tests/test_replay_build_equiv.py compares the two on every shipped run). The
+topological order's key repair (graph._topo_order) is compiled the same way, with the numpy
+passes as its fallback.
 """
 from __future__ import annotations
 
 import os
 
-_KERNEL = None     # the compiled sweep, once built; False: numba is not available / switched off
+_COMPILED: dict = {}   # name -> the compiled function, or False where numba is not available
+
+
+def _compiled(fn):
+    """``fn`` compiled by numba (cached on disk), or None where numba is missing or switched off."""
+    if os.environ.get("TRACEANALYZER_NO_NUMBA", "") not in ("", "0"):
+        return None
+    name = fn.__name__
+    if name not in _COMPILED:
+        try:
+            import numba
+        except Exception:  # noqa: BLE001 - missing, or built for another numpy: the Python/numpy path
+            _COMPILED[name] = False
+        else:
+            _COMPILED[name] = numba.njit(cache=True, nogil=True)(fn)
+    return _COMPILED[name] or None
 
 
 def sweep_kernel():
     """The compiled head sweep, or None where numba is missing or switched off."""
-    global _KERNEL
-    if os.environ.get("TRACEANALYZER_NO_NUMBA", "") not in ("", "0"):
-        return None
-    if _KERNEL is None:
-        try:
-            import numba
-        except Exception:  # noqa: BLE001 - missing, or built for another numpy: the Python loop
-            _KERNEL = False
-        else:
-            _KERNEL = numba.njit(cache=True, nogil=True)(_sweep)
-    return _KERNEL or None
+    return _compiled(_sweep)
+
+
+def repair_kernel():
+    """The compiled topological-key repair (graph._topo_order), or None."""
+    return _compiled(_repair_keys)
 
 
 def _sweep(h_seg, h_a, h_b, h_rel, e_seg, e_src, e_lag, off, seg_start):
@@ -40,3 +52,28 @@ def _sweep(h_seg, h_a, h_b, h_rel, e_seg, e_src, e_lag, off, seg_start):
             if v > t:
                 t = v
         seg_start[h_seg[i]] = t
+
+
+def _repair_keys(key, order, ptr, src, max_passes):
+    """Raise key[d] to key[s] + 2^-8 wherever an in-edge s -> d has key[s] >= key[d], visiting the
+    nodes in ``order`` (the recorded order, so most sources come first), pass after pass until a
+    pass changes nothing. Returns the number of passes that changed a key, or -1 when
+    ``max_passes`` did not settle it (a cycle). The settled keys are the ones graph._topo_order's
+    vectorised passes reach: both stop at the unique keys with key[d] = max(key0[d], key[s] + 2^-8
+    over the sources with key[s] >= key0[d]) -- keys stay on the 2^-8 grid, so key[d] > key[s]
+    means key[d] >= key[s] + 2^-8."""
+    eps = 0.5 ** 8
+    for it in range(max_passes):
+        changed = False
+        for i in range(len(order)):
+            d = order[i]
+            kd = key[d]
+            for e in range(ptr[d], ptr[d + 1]):
+                ks = key[src[e]]
+                if ks >= kd:
+                    kd = ks + eps
+                    changed = True
+            key[d] = kd
+        if not changed:
+            return it
+    return -1

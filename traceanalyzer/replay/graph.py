@@ -35,6 +35,7 @@ import pandas as pd
 
 from .._memory import small_pages
 from ..errors import TraceAnalyzerError
+from ._jit import repair_kernel
 
 # node kinds
 OP, GAP, WAIT, KERNEL, ARRIVE, POST, SYNC = range(7)
@@ -555,7 +556,8 @@ class _Builder:
                                     np.full(int(same_op.sum()), _POST_SRC), cid[same_op]))
                     pts.append(ce[same_op])
             pts.append(self.cut_t[c_order[c_ptr[thr]:c_ptr[thr + 1]]])
-            p = np.unique(np.concatenate(pts).astype(np.int64))
+            p = np.sort(np.concatenate(pts).astype(np.int64), kind="stable")   # runs of sorted points: timsort
+            p = p[np.r_[True, p[1:] != p[:-1]]] if len(p) else p
             lo, hi = p[:-1], p[1:]
             j = np.maximum(np.searchsorted(starts, lo, side="right") - 1, 0)
             busy = (np.searchsorted(starts, lo, side="right") >= 1) & (lo < ends[j])
@@ -888,7 +890,7 @@ class _Builder:
         lag = np.where(slack >= 0, slack, np.minimum(S - E_, 0)).astype(np.int64)
         # nodes with no incoming edge start at their recorded time
         rel = np.where(has_in, NO_REL, ms).astype(np.int64)
-        order = _topo_order(ms, kind, src, dst, n)
+        order = _topo_order(ms, kind, src, dst, n, is_lane, ptr)
         label_codes, lu = _first_codes(nd["label"], len(self.strs))
         labels = [self.strs[c] for c in lu]
         cat = np.where(kind == WAIT, self.code("wait"), nd["category"])
@@ -937,10 +939,12 @@ class _Builder:
             start = cpu.reindex(pd.MultiIndex.from_arrays([steps["rank"], steps["step"]])).to_numpy(np.int64)
             g_idx = np.flatnonzero(on_gpu)
             g_rank = rank[g_idx]
+            by_rank = np.argsort(g_rank, kind="stable")          # GPU nodes grouped by rank, in node order
+            g_sorted = g_rank[by_rank]
             s_rank = steps["rank"].to_numpy()
             for r in np.unique(s_rank):
                 rows = np.flatnonzero(s_rank == r)
-                idx = g_idx[g_rank == r]
+                idx = g_idx[by_rank[np.searchsorted(g_sorted, r, "left"):np.searchsorted(g_sorted, r, "right")]]
                 if not len(idx):
                     continue
                 order = np.argsort(start[rows])
@@ -1017,7 +1021,7 @@ def _first_codes(x, k):
     return remap[x], uniq[by_first]
 
 
-def _topo_order(ms, kind, src, dst, n) -> np.ndarray:
+def _topo_order(ms, kind, src, dst, n, is_lane=None, ptr=None) -> np.ndarray:
     """A topological order: by recorded start (ties: arrivals, then SYNC, then the rest).
 
     Why a repair pass: a few edges run backwards in recorded time (a kernel that starts inside its
@@ -1035,6 +1039,14 @@ def _topo_order(ms, kind, src, dst, n) -> np.ndarray:
         return order
     key = np.empty(n, dtype=np.float64)
     key[order] = np.arange(n, dtype=np.float64)
+    repair = repair_kernel() if ptr is not None else None
+    if repair is not None:          # the same keys by one compiled sweep per pass (_jit._repair_keys)
+        fast = key.copy()
+        passes = repair(fast, order, ptr, src, 200)
+        if passes == 0:
+            return order
+        if passes > 0:
+            return np.argsort(fast, kind="stable")
     cand = None            # edges that can be violated: all, then the out-edges of nodes just raised
     for it in range(200):
         s, d = (src, dst) if cand is None else (src[cand], dst[cand])
@@ -1045,12 +1057,23 @@ def _topo_order(ms, kind, src, dst, n) -> np.ndarray:
         raised = d[bad]
         np.maximum.at(key, raised, key[s[bad]] + 0.5 ** 8)
         if cand is None:
-            by_src = np.argsort(src, kind="stable")
-            out_ptr = np.searchsorted(src[by_src], np.arange(n + 1))
+            # out-edges: a node's lane successor (at most one) apart, the cross edges by source
+            lane = np.asarray(is_lane, bool) if is_lane is not None else np.zeros(len(src), bool)
+            lane_e = np.flatnonzero(lane)
+            if len(lane_e) and np.bincount(src[lane_e], minlength=n).max() > 1:
+                lane, lane_e = np.zeros(len(src), bool), lane_e[:0]   # not one successor per node
+            lane_out = np.full(n, -1, dtype=np.int64)
+            lane_out[src[lane_e]] = lane_e
+            cross = np.flatnonzero(~lane)
+            by_src = cross[np.argsort(src[cross], kind="stable")]
+            out_ptr = np.zeros(n + 1, dtype=np.int64)
+            np.cumsum(np.bincount(src[cross], minlength=n), out=out_ptr[1:])
         # keys only grow, so only an edge whose source was raised can be violated in the next pass
         raised = np.unique(raised)
         cnt = out_ptr[raised + 1] - out_ptr[raised]
-        cand = by_src[np.repeat(out_ptr[raised] - np.cumsum(cnt) + cnt, cnt) + np.arange(cnt.sum())]
+        nxt = lane_out[raised]
+        cand = np.concatenate([by_src[np.repeat(out_ptr[raised] - np.cumsum(cnt) + cnt, cnt) + np.arange(cnt.sum())],
+                               nxt[nxt >= 0]])
     return _kahn(key, src, dst, n)
 
 
