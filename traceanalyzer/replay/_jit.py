@@ -28,7 +28,10 @@ def _compiled(fn):
         except Exception:  # noqa: BLE001 - missing, or built for another numpy: the Python/numpy path
             _COMPILED[name] = False
         else:
-            _COMPILED[name] = numba.njit(cache=True, nogil=True)(fn)
+            try:
+                _COMPILED[name] = numba.njit(cache=True, nogil=True)(fn)
+            except RuntimeError:   # no writable cache location: compile in each process instead
+                _COMPILED[name] = numba.njit(nogil=True)(fn)
     return _COMPILED[name] or None
 
 

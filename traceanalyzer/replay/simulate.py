@@ -6,7 +6,8 @@ ahead) depend only on their lane predecessor. Such a node cannot change its lane
 relative position, so a maximal run of them behind a *head* node (one with a cross-lane edge, a
 release time or a fitted lane lag) is simulated as one segment: the head's start is computed event
 by event in topological order (a loop over heads only, compiled by numba where it is installed:
-_jit.py), the members' times by one vectorised cumulative sum. The result is the same as a node-by-node discrete-event sweep with FIFO lanes.
+_jit.py), the members' times by one vectorised cumulative sum. The result is the same as a
+node-by-node discrete-event sweep with FIFO lanes.
 """
 from __future__ import annotations
 
