@@ -36,6 +36,18 @@ def run_cli(capsys):
     return run
 
 
+def ingest_runs(tmp_path_factory, name: str, runs, dlrm: bool = False, workers: int = 2) -> Path:
+    """A new store with the shipped ``runs`` (one ingest per run, named after its folder) and, with
+    ``dlrm``, the external 8-rank DLRM trace as run 'dlrm' where ../shared has it."""
+    import traceanalyzer as ta
+    d = tmp_path_factory.mktemp(name) / "store"
+    for run in runs:
+        ta.ingest([str(TRACES / run)], str(d), run=run, progress=False, workers=workers)
+    if dlrm and (EXTERNAL / "param_dlrm_8rank").exists():
+        ta.ingest([str(EXTERNAL / "param_dlrm_8rank")], str(d), run="dlrm", progress=False, workers=workers)
+    return d
+
+
 def need_external():
     if not EXTERNAL.exists():
         pytest.skip(f"external traces not found at {EXTERNAL} (they live in ../shared/traces/external)")

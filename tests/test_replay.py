@@ -11,20 +11,14 @@ import json
 
 import pytest
 
-from conftest import EXTERNAL, TRACES
+from conftest import EXTERNAL, TRACES, ingest_runs
 
 RUNS = ["ddp_gloo_2rank", "ddp_gloo_4rank", "ddp_gloo_4rank_slow2", "pp_1f1b_4rank", "pp_1f1b_4rank_slow2"]
 
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    import traceanalyzer as ta
-    d = tmp_path_factory.mktemp("replay") / "store"
-    for run in RUNS:
-        ta.ingest([str(TRACES / run)], str(d), run=run, progress=False, workers=2)
-    if (EXTERNAL / "param_dlrm_8rank").exists():
-        ta.ingest([str(EXTERNAL / "param_dlrm_8rank")], str(d), run="dlrm", progress=False, workers=2)
-    return d
+    return ingest_runs(tmp_path_factory, "replay", RUNS, dlrm=True)
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import EXTERNAL, ROOT, TRACES
+from conftest import EXTERNAL, ROOT, TRACES, ingest_runs
 
 RUNS = sorted(p.name for p in TRACES.iterdir() if p.is_dir())
 
@@ -32,13 +32,7 @@ def _reference():
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    import traceanalyzer as ta
-    d = tmp_path_factory.mktemp("equiv") / "store"
-    for run in RUNS:
-        ta.ingest([str(TRACES / run)], str(d), run=run, progress=False, workers=2)
-    if (EXTERNAL / "param_dlrm_8rank").exists():
-        ta.ingest([str(EXTERNAL / "param_dlrm_8rank")], str(d), run="dlrm", progress=False, workers=2)
-    return d
+    return ingest_runs(tmp_path_factory, "equiv", RUNS, dlrm=True)
 
 
 def _edges(g):

@@ -17,7 +17,7 @@ import shutil
 import numpy as np
 import pytest
 
-from conftest import TRACES
+from conftest import TRACES, ingest_runs
 
 RUNS = ["ddp_gloo_2rank", "ddp_gloo_2rank_nooverlap", "ddp_gloo_2rank_big_b25", "ddp_gloo_2rank_big_b4",
         "pp_1f1b_4rank"]
@@ -26,11 +26,7 @@ MIB = 2 ** 20
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    import traceanalyzer as ta
-    d = tmp_path_factory.mktemp("replay_ddp") / "store"
-    for run in RUNS:
-        ta.ingest([str(TRACES / run)], str(d), run=run, progress=False, workers=2)
-    return d
+    return ingest_runs(tmp_path_factory, "replay_ddp", RUNS)
 
 
 @pytest.fixture(scope="module")

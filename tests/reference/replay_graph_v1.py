@@ -4,55 +4,16 @@ product builder still builds the same graph. Not used by the product; do not ext
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import pandas as pd
 
 from traceanalyzer.errors import TraceAnalyzerError
 
-# node kinds
-OP, GAP, WAIT, KERNEL, ARRIVE, POST, SYNC = range(7)
-KIND_NAMES = ("op", "gap", "wait", "gpu", "arrive", "comm", "sync")
-NO_REL = np.iinfo(np.int64).min // 4
-
-_BLOCKING_SYNC = ("Synchronize",)           # cudaStreamSynchronize, cudaDeviceSynchronize, cudaEventSynchronize
-_GAP_WAIT_MAX_TAIL_NS = 1_000_000           # a gap is a wait for a completion that ends it within 1 ms
-_CROSS_THREAD_MIN_GAP_NS = 100_000          # shorter gaps are not taken as waits for another thread
-
-
-@dataclass
-class Graph:
-    """Flat arrays (one entry per node) plus an incoming-edge CSR; see the module docstring."""
-    run: str
-    ms: np.ndarray          # recorded start (clock-aligned), ns
-    me: np.ndarray          # recorded end, ns
-    dur: np.ndarray         # modelled duration (identity), ns
-    lane: np.ndarray        # lane id (-1: virtual)
-    rank: np.ndarray
-    kind: np.ndarray        # OP, GAP, WAIT, KERNEL, ARRIVE, POST, SYNC
-    label: np.ndarray       # index into labels (op/kernel name)
-    category: np.ndarray    # index into categories (events.kind, or 'gap', 'wait', op of comm)
-    inst: np.ndarray        # communication instance index for ARRIVE/POST/SYNC, else -1
-    rel: np.ndarray         # release time (lane-first nodes), NO_REL otherwise
-    ptr: np.ndarray         # CSR: incoming edges of node i are ptr[i]:ptr[i+1]
-    src: np.ndarray
-    lag: np.ndarray
-    is_lane_edge: np.ndarray
-    order: np.ndarray       # a topological order
-    labels: list
-    categories: list
-    lanes: pd.DataFrame     # lane, rank, tid, is_gpu, name
-    steps: pd.DataFrame     # rank, step, measured_ns, start_node, end_node, end_uses_end
-    instances: pd.DataFrame  # inst, key, op, bytes, is_p2p, transfer_ns
-    stats: dict = field(default_factory=dict)
-    stages: pd.DataFrame | None = None   # rank, stage (pipelines: the analyses' stage detection)
-    source: object = None                # the DuckDB connection it was built from (alpha-beta fits)
-    alphabeta: object = None             # the run's alpha-beta fit, once a plan asked for it
-
-    @property
-    def n(self) -> int:
-        return len(self.dur)
+# the graph's data definitions (node kinds, thresholds, the Graph record, run resolution) are the
+# product's own: this copy keeps only the old building algorithm
+from traceanalyzer.replay.graph import (
+    _BLOCKING_SYNC, _CROSS_THREAD_MIN_GAP_NS, _GAP_WAIT_MAX_TAIL_NS, ARRIVE, GAP, KERNEL, NO_REL, OP, POST, SYNC,
+    WAIT, Graph, resolve_run)
 
 
 def build_graph(store_or_con, run: str | None = None) -> Graph:
@@ -73,34 +34,6 @@ def build_graph(store_or_con, run: str | None = None) -> Graph:
     except Exception:  # noqa: BLE001 - no pipeline views: not a pipeline
         g.stages = None
     return g
-
-
-def resolve_run(con, run: str | None, who: str) -> str:
-    """The run to replay: ``run`` if the store has steps for it, else the store's only run with
-    steps; a one-line error naming ``who`` (the model) otherwise."""
-    runs = [r for (r,) in con.execute("SELECT DISTINCT run FROM steps ORDER BY run").fetchall()]
-    if run is None:
-        if len(runs) != 1:
-            raise TraceAnalyzerError(f"{who}: the store holds {len(runs)} runs with steps ({', '.join(runs)}); give --run")
-        return runs[0]
-    if run not in runs:
-        raise TraceAnalyzerError(f"{who}: run '{run}' has no steps in the store (runs: {', '.join(runs) or 'none'})")
-    return run
-
-
-def merge_intervals(iv) -> np.ndarray:
-    """Sorted, disjoint union of (start, end) intervals (an (n, 2) array; empty stays empty)."""
-    iv = np.asarray(iv)
-    if not len(iv):
-        return iv.reshape(0, 2)
-    iv = iv[np.argsort(iv[:, 0], kind="stable")]
-    merged = [list(iv[0])]
-    for a, e in iv[1:]:
-        if a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], e)
-        else:
-            merged.append([a, e])
-    return np.asarray(merged, dtype=iv.dtype)
 
 
 class _Builder:

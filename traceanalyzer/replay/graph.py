@@ -389,7 +389,7 @@ class _Builder:
         for step in (self._plan_comm, self._cpu_cut_points, self._make_cpu_lanes, self._make_queue_lanes,
                      self._make_edges, self._finish):
             t = time.perf_counter()
-            g = step()
+            g = step()                  # the last one, _finish, returns the Graph
             phases[step.__name__.strip("_")] = round(time.perf_counter() - t, 3)
         g.stats.update(load_s=t1 - t0, build_s=time.perf_counter() - t1, phases_s=phases)
         return g
@@ -1041,12 +1041,10 @@ def _topo_order(ms, kind, src, dst, n, is_lane=None, ptr=None) -> np.ndarray:
     key[order] = np.arange(n, dtype=np.float64)
     repair = repair_kernel() if ptr is not None else None
     if repair is not None:          # the same keys by one compiled sweep per pass (_jit._repair_keys)
-        fast = key.copy()
-        passes = repair(fast, order, ptr, src, 200)
-        if passes == 0:
-            return order
-        if passes > 0:
-            return np.argsort(fast, kind="stable")
+        passes = repair(key, order, ptr, src, 200)
+        if passes >= 0:
+            return order if passes == 0 else np.argsort(key, kind="stable")
+        key[order] = np.arange(n, dtype=np.float64)   # a cycle: start again, the passes below end in Kahn
     cand = None            # edges that can be violated: all, then the out-edges of nodes just raised
     for it in range(200):
         s, d = (src, dst) if cand is None else (src[cand], dst[cand])
