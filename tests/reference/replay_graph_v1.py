@@ -7,13 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from traceanalyzer.errors import TraceAnalyzerError
-
-# the graph's data definitions (node kinds, thresholds, the Graph record, run resolution) are the
-# product's own: this copy keeps only the old building algorithm
+# the graph's data definitions (node kinds, thresholds, the Graph record, run resolution) and the
+# helpers that did not change (cross-thread waits, the Kahn fallback) are the product's own: this
+# copy keeps only the old building algorithm
 from traceanalyzer.replay.graph import (
-    _BLOCKING_SYNC, _CROSS_THREAD_MIN_GAP_NS, _GAP_WAIT_MAX_TAIL_NS, ARRIVE, GAP, KERNEL, NO_REL, OP, POST, SYNC,
-    WAIT, Graph, resolve_run)
+    _BLOCKING_SYNC, _GAP_WAIT_MAX_TAIL_NS, ARRIVE, GAP, KERNEL, NO_REL, OP, POST, SYNC,
+    WAIT, Graph, _cross_thread_waits, _kahn, resolve_run)
 
 
 def build_graph(store_or_con, run: str | None = None) -> Graph:
@@ -564,50 +563,6 @@ class _Builder:
         return steps
 
 
-def _cross_thread_waits(tops: dict) -> pd.DataFrame:
-    """Waits between the CPU threads of one rank: a gap on one thread that ends at most
-    _GAP_WAIT_MAX_TAIL_NS after another thread of the rank finished something inside that gap is a
-    wait for it. The two cases this is for (GPU jobs): the main thread calls backward and blocks
-    while autograd's device thread (pt_autograd_N) runs the backward pass -- its gap ends when the
-    last backward op ends; and that device thread sits idle through the forward pass until the main
-    thread hands it the loss -- its gap ends right after the main thread's last forward op. Without
-    these edges both gaps are fixed CPU time, and a faster forward/backward moves nothing.
-    Gaps shorter than _CROSS_THREAD_MIN_GAP_NS are left alone; per gap the latest such end counts.
-    Returns rows (rank, tid, lo, hi, src_kind="cpu", src_ref=source tid) like the other waits."""
-    rows = []
-    by_rank: dict = {}
-    for (rank, tid), v in tops.items():
-        by_rank.setdefault(rank, []).append((tid, v))
-    for rank, lanes in by_rank.items():
-        if len(lanes) < 2:
-            continue
-        for tid, (starts, ends, _, _) in lanes:
-            if len(starts) < 2:
-                continue
-            gap_lo, gap_hi = ends[:-1], starts[1:]
-            keep = gap_hi - gap_lo >= _CROSS_THREAD_MIN_GAP_NS
-            if not keep.any():
-                continue
-            gap_lo, gap_hi = gap_lo[keep], gap_hi[keep]
-            best = np.full(len(gap_lo), np.iinfo(np.int64).min)
-            best_tid = np.zeros(len(gap_lo), dtype=np.int64)
-            for other, (_, o_ends, _, _) in lanes:
-                if other == tid or not len(o_ends):
-                    continue
-                k = np.searchsorted(o_ends, gap_hi, side="right") - 1   # o_ends is sorted (top level)
-                e = np.where(k >= 0, o_ends[np.maximum(k, 0)], np.iinfo(np.int64).min)
-                ok = (e > gap_lo) & (gap_hi - e <= _GAP_WAIT_MAX_TAIL_NS) & (e > best)
-                best = np.where(ok, e, best)
-                best_tid = np.where(ok, other, best_tid)
-            m = best > np.iinfo(np.int64).min
-            if m.any():
-                rows.append(pd.DataFrame({"rank": rank, "tid": tid, "lo": gap_lo[m], "hi": best[m],
-                                          "src_kind": "cpu", "src_ref": best_tid[m]}))
-    if not rows:
-        return pd.DataFrame(columns=["rank", "tid", "lo", "hi", "src_kind", "src_ref"])
-    return pd.concat(rows, ignore_index=True)
-
-
 def _codes(values: pd.Series):
     codes, uniques = pd.factorize(values)
     return list(uniques), codes.astype(np.int32)
@@ -634,26 +589,3 @@ def _topo_order(ms, kind, src, dst, n) -> np.ndarray:
         # just above the source: between it and the next key, so the rest of the order is kept
         np.maximum.at(key, dst[bad], key[src[bad]] + 0.5 ** 8)
     return _kahn(key, src, dst, n)
-
-
-def _kahn(key, src, dst, n) -> np.ndarray:
-    import heapq
-    indeg = np.bincount(dst, minlength=n)
-    o = np.argsort(src, kind="stable")
-    out_ptr = np.searchsorted(src[o], np.arange(n + 1)).tolist()
-    out_dst = dst[o].tolist()
-    keyl = key.tolist()
-    deg = indeg.tolist()
-    heap = [(keyl[i], i) for i in np.flatnonzero(indeg == 0).tolist()]
-    heapq.heapify(heap)
-    out = []
-    while heap:
-        _, i = heapq.heappop(heap)
-        out.append(i)
-        for j in out_dst[out_ptr[i]:out_ptr[i + 1]]:
-            deg[j] -= 1
-            if deg[j] == 0:
-                heapq.heappush(heap, (keyl[j], j))
-    if len(out) != n:
-        raise TraceAnalyzerError(f"replay: the dependency graph has a cycle ({n - len(out)} nodes unreachable)")
-    return np.asarray(out, dtype=np.int64)
