@@ -13,15 +13,57 @@ passes as its fallback.
 from __future__ import annotations
 
 import os
+import threading
+
+import numpy as np
 
 _COMPILED: dict = {}   # name -> the compiled function, or False where numba is not available
+_LOCK = threading.RLock()
+_WARM: list = []       # the thread that warms the kernels up (at most one per process)
+
+
+def _off() -> bool:
+    return os.environ.get("TRACEANALYZER_NO_NUMBA", "") not in ("", "0")
+
+
+def warm_up():
+    """Start loading numba and the compiled kernels in a background thread (once per process).
+
+    Why: importing numba and loading a kernel from its on-disk cache take about 0.55 s, the same
+    in every process. graph.build_graph calls this first, so the loading runs while DuckDB reads
+    the store (DuckDB works without the GIL); the kernels' first use then finds them ready."""
+    if _off():
+        return
+    with _LOCK:
+        if _WARM:
+            return
+        t = threading.Thread(target=_load_kernels, name="traceanalyzer-numba-warm-up", daemon=True)
+        _WARM.append(t)
+    t.start()
+
+
+def _load_kernels():
+    try:
+        repair, sweep = _compiled(_repair_keys), _compiled(_sweep)
+        i = np.zeros(0, np.int64)
+        if repair is not None:        # the signatures graph._topo_order and the Simulator use
+            repair(np.zeros(1), np.zeros(1, np.int64), np.zeros(2, np.int64), i, 1)
+        if sweep is not None:
+            sweep(i, i, i, i, i, i, i, i, i)
+    except Exception:  # noqa: BLE001 - a failure shows again (and is handled) where the kernel is used
+        pass
 
 
 def _compiled(fn):
     """``fn`` compiled by numba (cached on disk), or None where numba is missing or switched off."""
-    if os.environ.get("TRACEANALYZER_NO_NUMBA", "") not in ("", "0"):
+    if _off():
         return None
     name = fn.__name__
+    with _LOCK:
+        return _compiled_locked(fn, name)
+
+
+def _compiled_locked(fn, name):
     if name not in _COMPILED:
         try:
             import numba

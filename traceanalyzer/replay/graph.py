@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .._memory import small_pages
+from .._memory import array_workspace
 from ..errors import TraceAnalyzerError
-from ._jit import repair_kernel
+from ._jit import repair_kernel, warm_up
 
 # node kinds
 OP, GAP, WAIT, KERNEL, ARRIVE, POST, SYNC = range(7)
@@ -98,7 +98,7 @@ def build_graph(store_or_con, run: str | None = None) -> Graph:
     if "clock_offsets" not in have:
         con.execute(_sql("clock_offsets"))
     run = resolve_run(con, run, "replay")
-    with small_pages():
+    with array_workspace():
         g = _Builder(con, run).build()
     g.source = con
     g.stages = pd.DataFrame({"rank": np.zeros(0, np.int32), "stage": np.zeros(0, np.int64)})
@@ -186,14 +186,22 @@ def _int_col(t, name, null=-1) -> np.ndarray:
 
 def _pair_keys(a1, b1, a2, b2):
     """Two (int, int) key columns as int64 codes such that equal pairs get equal codes."""
-    a = np.concatenate([np.asarray(a1, np.int64), np.asarray(a2, np.int64)])
-    b = np.concatenate([np.asarray(b1, np.int64), np.asarray(b2, np.int64)])
-    if len(a):
-        a0, b0 = a.min(), b.min()
-        wa, wb = int(a.max()) - int(a0) + 1, int(b.max()) - int(b0) + 1
-        if wa * wb < 2 ** 62:                      # one integer key, no hashing
-            k = (a - a0) * wb + (b - b0)
-            return k[:len(a1)], k[len(a1):]
+    a1, b1, a2, b2 = (np.asarray(x, np.int64) for x in (a1, b1, a2, b2))
+    if len(a1) + len(a2):
+        a_s, b_s = [a for a in (a1, a2) if len(a)], [b for b in (b1, b2) if len(b)]
+        a0, b0 = min(int(a.min()) for a in a_s), min(int(b.min()) for b in b_s)
+        wa, wb = max(int(a.max()) for a in a_s) - a0 + 1, max(int(b.max()) for b in b_s) - b0 + 1
+        if wa * wb < 2 ** 62:                      # one integer key, no hashing (nor concatenation)
+
+            def key(a, b):
+                k = a - a0
+                k *= wb
+                k += b
+                k -= b0
+                return k
+            return key(a1, b1), key(a2, b2)
+    a = np.concatenate([a1, a2])
+    b = np.concatenate([b1, b2])
     ca, ua = pd.factorize(a)
     cb, ub = pd.factorize(b)
     k = ca.astype(np.int64) * max(len(ub), 1) + cb
@@ -221,11 +229,34 @@ def _sorted_codes(x):
 def _inner_join(lk, rk):
     """Row pairs (i, j) with lk[i] == rk[j], in left order, each left row's matches in right order."""
     o = np.argsort(rk, kind="stable")
-    lo = np.searchsorted(rk[o], lk, side="left")
-    cnt = np.searchsorted(rk[o], lk, side="right") - lo
+    sk = rk[o]
+    if not len(sk) or (sk[1:] != sk[:-1]).all():     # right keys unique (launch -> kernel): one search
+        k = np.minimum(np.searchsorted(sk, lk), max(len(sk) - 1, 0))
+        li = np.flatnonzero(sk[k] == lk) if len(sk) else np.zeros(0, np.int64)
+        return li, o[k[li]]
+    lo = np.searchsorted(sk, lk, side="left")
+    cnt = np.searchsorted(sk, lk, side="right") - lo
     li = np.repeat(np.arange(len(lk)), cnt)
     gi = o[np.repeat(lo - np.cumsum(cnt) + cnt, cnt) + np.arange(cnt.sum())] if cnt.sum() else np.zeros(0, np.int64)
     return li, gi
+
+
+def _among(x, values) -> np.ndarray:
+    """np.isin(x, values) for a few values (node or event kinds): one comparison each, where
+    np.isin first builds a lookup table over x's whole range (10x slower on 5 M events)."""
+    out = np.zeros(len(x), dtype=bool)
+    for v in values:
+        out |= x == v
+    return out
+
+
+def _member(keys, of) -> np.ndarray:
+    """np.isin(keys, of) for many keys and a smaller set: a binary search in the sorted set."""
+    u = np.unique(np.asarray(of))
+    if not len(u) or not len(keys):
+        return np.zeros(len(keys), dtype=bool)
+    k = np.minimum(np.searchsorted(u, keys), len(u) - 1)
+    return u[k] == keys
 
 
 def _lookup(keys, values, query, keep="first") -> np.ndarray:
@@ -288,8 +319,10 @@ class _Builder:
         off = self.q("SELECT rank, offset_ns FROM clock_offsets WHERE run = $run")
         self.offset = dict(zip(off["rank"], off["offset_ns"]))
         where = _EVENTS_WHERE
+        nested = "false"
         if _SKIP_NESTED and "nested" in {d[0] for d in self.con.execute("SELECT * FROM events LIMIT 0").description}:
             where += _NOT_NESTED
+            nested = "coalesce(nested, false)"
         pairs = self.con.execute("SELECT DISTINCT kind, name, hash(name) " + where, {"run": self.run}).fetchall()
         kinds = sorted({k for k, _, _ in pairs if k is not None})
         by_hash = {}
@@ -297,9 +330,10 @@ class _Builder:
             by_hash.setdefault(h, set()).add(name)
         hashed = _HASH_NAMES and all(len(v) == 1 for v in by_hash.values())
         if hashed:
-            t = self.con.sql(_EVENTS_SQL + where, params={"run": self.run, "kinds": kinds}).to_arrow_table()
+            t = self.con.sql(_EVENTS_SQL + f", {nested} AS nested " + where,
+                             params={"run": self.run, "kinds": kinds}).to_arrow_table()
         else:
-            t = self.con.sql(_EVENTS_SQL_STRINGS + where, params={"run": self.run}).to_arrow_table()
+            t = self.con.sql(_EVENTS_SQL_STRINGS + f", {nested} AS nested " + where, params={"run": self.run}).to_arrow_table()
         rank = _int_col(t, "rank")
         o = np.zeros(int(rank.max()) + 1 if len(rank) else 1, dtype=np.int64)
         for r, v in self.offset.items():
@@ -316,11 +350,16 @@ class _Builder:
         self.e_gpu = t.column("is_gpu").to_numpy(zero_copy_only=False).astype(bool) if len(t) else np.zeros(0, bool)
         self.e_has_corr = t.column("has_corr").to_numpy(zero_copy_only=False).astype(bool) if len(t) else np.zeros(0, bool)
         self.e_corr = _int_col(t, "correlation", 0)
+        # the other events that ingest found nested (runtime calls inside their op: a fifth of a big
+        # run's events) are fetched for their launches, but cannot shape a thread's top-level work
+        self.e_nested = t.column("nested").to_numpy(zero_copy_only=False).astype(bool) if len(t) else np.zeros(0, bool)
         # names and kinds as codes into the builder's string table
         if not len(t):
             (nc, nstr), (kc, kstr) = (np.zeros(0, np.int32), []), (np.zeros(0, np.int32), [])
         elif hashed:
-            nc, uh = pd.factorize(t.column("name_hash").to_numpy())
+            # codes by one binary search among the run's distinct hashes (no hash table of 5 M rows)
+            uh = np.unique(np.fromiter(by_hash, dtype=np.uint64, count=len(by_hash)))
+            nc = np.searchsorted(uh, t.column("name_hash").to_numpy())
             nstr = ["nan" if n is None else n for n in (next(iter(by_hash[int(h)])) for h in uh)]
             kc, kstr = t.column("kind_pos").to_numpy().astype(np.int64), ["nan"] + kinds
         else:
@@ -384,15 +423,34 @@ class _Builder:
         import time
         t0 = time.perf_counter()
         self.load()
+        warm_up()    # numba loads on the other core while the one-threaded numpy passes below run
         t1 = time.perf_counter()
         phases = {}
+        self._drop("load")
         for step in (self._plan_comm, self._cpu_cut_points, self._make_cpu_lanes, self._make_queue_lanes,
                      self._make_edges, self._finish):
             t = time.perf_counter()
             g = step()                  # the last one, _finish, returns the Graph
+            self._drop(step.__name__)
             phases[step.__name__.strip("_")] = round(time.perf_counter() - t, 3)
         g.stats.update(load_s=t1 - t0, build_s=time.perf_counter() - t1, phases_s=phases)
         return g
+
+    #: the arrays each step uses last: freed right after it, so that the later steps' arrays reuse
+    #: their memory (_memory.array_workspace keeps freed memory in the process) instead of faulting
+    #: in fresh pages: a quarter of the build's page faults
+    _LAST_USE = {"load": ("e_tid",), "_cpu_cut_points": ("e_name_local",),
+                 "_make_cpu_lanes": ("e_dur", "e_nested", "cut_t", "cut_thr"),
+                 "_make_queue_lanes": ("thr_order", "cpu_cols"),
+                 "_make_edges": ("e_rank", "e_id", "e_ts", "e_te", "e_gpu", "e_has_corr", "e_corr", "e_name",
+                                 "e_kind", "e_thr", "nd.event_id", "nd.comm_id")}
+
+    def _drop(self, step):
+        for a in self._LAST_USE.get(step, ()):
+            if a.startswith("nd."):
+                self.nd.pop(a[3:], None)
+            else:
+                self.__dict__.pop(a, None)
 
     # -- communication instances ---------------------------------------------------------------
     def _plan_comm(self):
@@ -432,7 +490,7 @@ class _Builder:
         # launches: runtime events whose correlation matches a GPU op (of the same rank)
         kind = self.e_kind
         rt_kinds = [self.str_code.get(k, -1) for k in ("runtime", "sync")]
-        rt = np.flatnonzero(cpu_ev & np.isin(kind, rt_kinds) & self.e_has_corr)
+        rt = np.flatnonzero(cpu_ev & _among(kind, rt_kinds) & self.e_has_corr)
         gp = np.flatnonzero(self.e_gpu & self.e_has_corr)
         li, gi = _inner_join(*_pair_keys(self.e_rank[rt], self.e_corr[rt], self.e_rank[gp], self.e_corr[gp]))
         self.L_ev, self.L_gpu = rt[li], gp[gi]
@@ -508,7 +566,7 @@ class _Builder:
         for thr in np.flatnonzero(self.t_cpu):
             rank, tid = int(self.t_rank[thr]), int(self.t_tid[thr])
             w = self.thr_order[self.thr_ptr[thr]:self.thr_ptr[thr + 1]]
-            w = w[self.e_kind[w] != step_code]
+            w = w[(self.e_kind[w] != step_code) & ~self.e_nested[w]]
             if not len(w):
                 continue
             w = w[np.lexsort((self.e_id[w], -dur_all[w], ts_all[w]))]   # events.nested sorts the same way
@@ -584,7 +642,7 @@ class _Builder:
         ek, ck = _pair_keys(self.e_rank[gpu_ev], self.e_id[gpu_ev], comm_exec.loc[ce_on_gpu, "rank"].to_numpy(),
                             comm_exec.loc[ce_on_gpu, "exec_event_id"].fillna(-1).to_numpy())
         is_comm_kernel = np.zeros(len(self.e_gpu), bool)
-        is_comm_kernel[gpu_ev[np.isin(ek, ck)]] = True
+        is_comm_kernel[gpu_ev[_member(ek, ck)]] = True
         gpu_lanes = {(int(self.t_rank[t]), int(self.t_tid[t])): t for t in np.flatnonzero(self.t_gpu)}
         lanes = sorted(set(gpu_lanes) | {(r, t) for r, t in self.runloop})
         ce_groups = comm_exec.groupby(["rank", "exec_tid"], sort=False).indices
@@ -680,8 +738,8 @@ class _Builder:
         lane_src, lane_dst = lane_prev[i], i
         # launch -> GPU op (kernels and ARRIVE of comm kernels); a GPU op's last node (a collective
         # kernel is ARRIVE then POST) is what a wait on it waits for
-        gm = np.flatnonzero(np.isin(kind0, [KERNEL, ARRIVE, POST]) & (eid >= 0))   # GPU ops' nodes
-        fm = np.isin(kind0[gm], [KERNEL, ARRIVE])
+        gm = np.flatnonzero(_among(kind0, [KERNEL, ARRIVE, POST]) & (eid >= 0))   # GPU ops' nodes
+        fm = _among(kind0[gm], [KERNEL, ARRIVE])
         lg_rank, lg_eid = self.e_rank[self.L_gpu], self.e_id[self.L_gpu]
         nk, qk = _pair_keys(rank[gm], eid[gm], lg_rank, lg_eid)
         first_node = _lookup(nk[fm], gm[fm], qk, "first")
@@ -779,7 +837,7 @@ class _Builder:
         is_rl = np.zeros(self.n_thr, bool)
         is_rl[self.rl_thr] = True
         rt_kinds = [self.str_code.get(k, -1) for k in ("runtime", "sync")]
-        rt = np.flatnonzero(is_rl[self.e_thr] & self.e_has_corr & np.isin(self.e_kind, rt_kinds))
+        rt = np.flatnonzero(is_rl[self.e_thr] & self.e_has_corr & _among(self.e_kind, rt_kinds))
         if not len(rt):
             return
         gp = np.flatnonzero(self.e_gpu & self.e_has_corr)
@@ -812,7 +870,7 @@ class _Builder:
         h, node, ts = hit[ok], node[ok], l_ts[ok]
         is_post = ts >= x_c[h]
         nd = self.nd
-        cn = np.flatnonzero(np.isin(nd["kind"], [ARRIVE, POST]) & (nd["comm_id"] >= 0))
+        cn = np.flatnonzero(_among(nd["kind"], [ARRIVE, POST]) & (nd["comm_id"] >= 0))
         ck, qk = _pair_keys(nd["rank"][cn], nd["comm_id"][cn] * 2 + (nd["kind"][cn] == POST),
                             self.e_rank[rt[ok]], x_cid[h] * 2 + is_post)
         s = _lookup(ck, cn, qk, "first")
@@ -848,7 +906,7 @@ class _Builder:
         n = len(nd["ms"])
         kind = self.kind
         ms, me = nd["ms"], nd["me"]
-        dur = np.where(np.isin(kind, [WAIT, ARRIVE, SYNC]), 0, me - ms).astype(np.int64)
+        dur = np.where(_among(kind, [WAIT, ARRIVE, SYNC]), 0, me - ms).astype(np.int64)
         e_model = ms + dur
         # edges: drop self loops and duplicates (a cross edge that repeats its node's lane edge too);
         # CSR by destination: the lane edge first, then the cross edges by source
@@ -907,22 +965,32 @@ class _Builder:
                      instances=self.instances[["inst", "key", "op", "bytes", "is_p2p", "n_ranks", "transfer_ns"]])
 
     def _steps(self):
-        rows = []
+        st = self.st
         main = {r: self.thr_of.get((int(r), int(t), False)) for r, t in self.step_tid.items()}
-        for r in self.st.itertuples():
-            lp = self.lane_points.get(main.get(r.rank))
+        s_rank = st["rank"].to_numpy()
+        s_start, s_end = st["start_ts_ns"].to_numpy(np.int64), st["end_ts_ns"].to_numpy(np.int64)
+        n = len(st)
+        keep = np.zeros(n, bool)
+        start_node, end_node = np.zeros(n, np.int64), np.zeros(n, np.int64)
+        start_uses_end, end_uses_end = np.zeros(n, bool), np.zeros(n, bool)
+        for r in np.unique(s_rank):              # the steps of one rank: on its main thread's lane
+            lp = self.lane_points.get(main.get(r))
             if lp is None:
                 continue
+            m = np.flatnonzero(s_rank == r)
             lane_id, p = lp
-            base = self.lane_base[lane_id]
-            ks = int(np.searchsorted(p, r.start_ts_ns))
-            ke = int(np.searchsorted(p, r.end_ts_ns))
-            start_node = base + ks if ks < len(p) - 1 else base + ks - 1
-            end_uses_end = ke >= len(p) - 1
-            end_node = base + ke - 1 if end_uses_end else base + ke
-            rows.append((r.rank, r.step, r.dur_ns, start_node, ks >= len(p) - 1, end_node, end_uses_end))
-        return pd.DataFrame(rows, columns=["rank", "step", "measured_ns", "start_node", "start_uses_end",
-                                           "end_node", "end_uses_end"])
+            base, last = self.lane_base[lane_id], len(p) - 1
+            ks, ke = np.searchsorted(p, s_start[m]), np.searchsorted(p, s_end[m])
+            keep[m] = True
+            start_uses_end[m] = ks >= last
+            start_node[m] = base + np.where(ks < last, ks, ks - 1)
+            end_uses_end[m] = ke >= last
+            end_node[m] = base + np.where(ke >= last, ke - 1, ke)
+        k = np.flatnonzero(keep)
+        return pd.DataFrame({"rank": s_rank[k].astype(np.int64), "step": st["step"].to_numpy()[k].astype(np.int64),
+                             "measured_ns": st["dur_ns"].to_numpy()[k].astype(np.int64),
+                             "start_node": start_node[k], "start_uses_end": start_uses_end[k],
+                             "end_node": end_node[k], "end_uses_end": end_uses_end[k]})
 
     def _gpu_tails(self, steps, me, kind, lane, rank, ms, gpu_lanes):
         """GPU work of each step: the GPU nodes (kernels, GPU collectives) that start between the
@@ -930,7 +998,9 @@ class _Builder:
         has launched the work, so a step's time is from its CPU start to the later of its CPU end
         and the end of that GPU work (``gpu_nodes``; the measured time likewise), else a what-if
         that slows the GPU down changes nothing in a trace of one step."""
-        on_gpu = np.isin(lane, gpu_lanes) & np.isin(kind, [KERNEL, POST])
+        is_gpu_lane = np.zeros(max(int(lane.max()) + 2, 1) if len(lane) else 1, dtype=bool)   # lane -1 at 0
+        is_gpu_lane[np.asarray(gpu_lanes, np.int64) + 1] = True
+        on_gpu = is_gpu_lane[lane + 1] & _among(kind, [KERNEL, POST])
         empty = np.zeros(0, np.int64)
         gpu_nodes = [empty] * len(steps)
         measured = steps["measured_ns"].to_numpy().astype(np.int64)
@@ -952,11 +1022,15 @@ class _Builder:
                 k = np.searchsorted(starts, ms[idx], side="right") - 1
                 o = np.argsort(k, kind="stable")
                 bounds = np.searchsorted(k[o], np.arange(len(rows) + 1))
+                nodes = idx[o]
+                pieces = np.split(nodes, bounds)          # pieces[pos + 1]: the GPU nodes of step pos
                 for pos, row in enumerate(rows[order]):
-                    nodes = idx[o[bounds[pos]:bounds[pos + 1]]]
-                    gpu_nodes[row] = nodes
-                    if len(nodes):
-                        measured[row] = max(measured[row], int(me[nodes].max()) - int(starts[pos]))
+                    gpu_nodes[row] = pieces[pos + 1]
+                full = np.flatnonzero(bounds[1:] > bounds[:-1])
+                if len(full):
+                    tail = np.maximum.reduceat(me[nodes], bounds[full]) - starts[full]
+                    r_full = rows[order][full]
+                    measured[r_full] = np.maximum(measured[r_full], tail)
         steps["gpu_nodes"] = gpu_nodes
         steps["measured_ns"] = measured
         return steps
@@ -1008,13 +1082,13 @@ def _cross_thread_waits(tops: dict) -> pd.DataFrame:
 
 def _first_codes(x, k):
     """Like pd.factorize for codes in [0, k): (new codes numbered by first appearance, the old code
-    of each), with one radix sort instead of hashing."""
+    of each), with one unbuffered minimum per code instead of hashing or sorting."""
     if not len(x):
         return np.zeros(0, np.int32), np.zeros(0, np.int64)
-    o = np.argsort(x.astype(np.int16) if k < 32_000 else x, kind="stable")
-    xs = x[o]
-    starts = np.flatnonzero(np.r_[True, xs[1:] != xs[:-1]])
-    uniq, first = xs[starts], o[starts]           # first position of every code present
+    first = np.full(k, len(x), dtype=np.int64)
+    np.minimum.at(first, x, np.arange(len(x)))    # first position of every code (len(x): absent)
+    uniq = np.flatnonzero(first < len(x))
+    first = first[uniq]
     by_first = np.argsort(first, kind="stable")
     remap = np.empty(k, dtype=np.int32)
     remap[uniq[by_first]] = np.arange(len(uniq), dtype=np.int32)

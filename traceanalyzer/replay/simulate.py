@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._memory import small_pages
+from .._memory import array_workspace, small_pages
 from ._jit import sweep_kernel
 from .graph import NO_REL, Graph
 
@@ -31,7 +31,7 @@ class Simulator:
     """Precomputes the segment structure of a graph once; ``run(dur)`` replays any durations."""
 
     def __init__(self, graph: Graph):
-        with small_pages():
+        with array_workspace():
             self._setup(graph)
 
     def _setup(self, graph: Graph):
