@@ -144,9 +144,11 @@ def _cmd_replay(args) -> int:
               f"(the recorded settings through the same model) median {100 * res.identity_error['median']:.2f}%, "
               f"P90 {100 * res.identity_error['p90']:.2f}% over {res.identity_error['n']} rank-steps")
     else:
-        g = rp.build_graph(args.store, run=args.run)
-        sim = rp.Simulator(g)
-        res = rp.what_if(g, plan, sim=sim)
+        from ._memory import array_workspace
+        with array_workspace():     # one workspace: set-up and replays reuse the build's freed memory
+            g = rp.build_graph(args.store, run=args.run)
+            sim = rp.Simulator(g)
+            res = rp.what_if(g, plan, sim=sim)
         run = g.run
         e = res.identity_error
         print(f"run '{g.run}', plan '{plan['name']}': {g.n:,} nodes, {len(g.src):,} edges; identity-replay error "

@@ -116,6 +116,14 @@ def build_graph(store_or_con, run: str | None = None) -> Graph:
     return g
 
 
+def _page_faults() -> int:
+    try:
+        import resource
+    except ImportError:      # not Unix
+        return 0
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def resolve_run(con, run: str | None, who: str) -> str:
     """The run to replay: ``run`` if the store has steps for it, else the store's only run with
     steps; a one-line error naming ``who`` (the model) otherwise."""
@@ -421,19 +429,21 @@ class _Builder:
 
     def build(self) -> Graph:
         import time
-        t0 = time.perf_counter()
+        t0, f0 = time.perf_counter(), _page_faults()
         self.load()
         warm_up()    # numba loads on the other core while the one-threaded numpy passes below run
         t1 = time.perf_counter()
-        phases = {}
+        phases, faults = {}, {"load": _page_faults() - f0}
         self._drop("load")
         for step in (self._plan_comm, self._cpu_cut_points, self._make_cpu_lanes, self._make_queue_lanes,
                      self._make_edges, self._finish):
-            t = time.perf_counter()
+            t, f = time.perf_counter(), _page_faults()
             g = step()                  # the last one, _finish, returns the Graph
             self._drop(step.__name__)
-            phases[step.__name__.strip("_")] = round(time.perf_counter() - t, 3)
-        g.stats.update(load_s=t1 - t0, build_s=time.perf_counter() - t1, phases_s=phases)
+            name = step.__name__.strip("_")
+            phases[name], faults[name] = round(time.perf_counter() - t, 3), _page_faults() - f
+        # page faults (fresh memory touched; Unix only, else 0) per step: on a VM each can cost 3-25 us
+        g.stats.update(load_s=t1 - t0, build_s=time.perf_counter() - t1, phases_s=phases, page_faults=faults)
         return g
 
     #: the arrays each step uses last: freed right after it, so that the later steps' arrays reuse
@@ -692,7 +702,8 @@ class _Builder:
         first = {"kind": c0["kind"], "label": c0["label"], "category": c0["category"], "ms": c0["ms"], "me": c0["me"],
                  "lane": c0["lane"], "rank": c0["rank"], "inst": np.full(n0, -1), "event_id": np.full(n0, -1),
                  "comm_id": np.full(n0, -1)}
-        nd = {k: np.concatenate([first[k]] + cols[k], dtype=np.int64) for k in names}
+        narrow = {"kind": np.int8, "label": np.int32, "category": np.int32, "lane": np.int32, "rank": np.int32}
+        nd = {k: np.concatenate([first[k]] + cols[k], dtype=narrow.get(k, np.int64)) for k in names}
         nd["me"] = np.maximum(nd["me"], nd["ms"])
         self.nd = nd
 
@@ -906,7 +917,8 @@ class _Builder:
         n = len(nd["ms"])
         kind = self.kind
         ms, me = nd["ms"], nd["me"]
-        dur = np.where(_among(kind, [WAIT, ARRIVE, SYNC]), 0, me - ms).astype(np.int64)
+        dur = me - ms
+        dur[_among(kind, [WAIT, ARRIVE, SYNC])] = 0
         e_model = ms + dur
         # edges: drop self loops and duplicates (a cross edge that repeats its node's lane edge too);
         # CSR by destination: the lane edge first, then the cross edges by source
@@ -932,23 +944,26 @@ class _Builder:
         is_lane[lane_pos] = True
         xfirst = np.searchsorted(xd, xd, side="left")   # rank of each cross edge among its node's
         src[ptr[xd] + has_lane[xd] + (np.arange(len(xd)) - xfirst)] = xs
-        dst = np.repeat(np.arange(n), cnt)
         # fit lags so the recorded start is reproduced (see module docstring)
         E_ = e_model[src]
-        S = ms[dst]
+        del e_model
         # slack = recorded start - latest predecessor end: a latency after whatever binds (>= 0, on
         # every edge, so it follows the binding constraint in a what-if), or, when a predecessor
         # recorded ends after the node started (a kernel starting inside its cudaLaunchKernel), the
-        # overlap only on the edges that overran it
+        # overlap only on the edges that overran it (arrays per edge made in place: fewer fresh pages)
         has_in = cnt > 0
         max_e = np.full(n, np.iinfo(np.int64).min)
         if E:
             max_e[has_in] = np.maximum.reduceat(E_, ptr[:-1][has_in])
-        slack = S - max_e[dst]
-        lag = np.where(slack >= 0, slack, np.minimum(S - E_, 0)).astype(np.int64)
+        lag = np.repeat(ms, cnt)                    # each edge's destination's recorded start ...
+        lag -= np.repeat(max_e, cnt)                # ... less its latest predecessor end: the slack
+        over = np.flatnonzero(lag < 0)
+        if len(over):
+            lag[over] = np.minimum(np.repeat(ms, cnt)[over] - E_[over], 0)
+        del E_, max_e
         # nodes with no incoming edge start at their recorded time
-        rel = np.where(has_in, NO_REL, ms).astype(np.int64)
-        order = _topo_order(ms, kind, src, dst, n, is_lane, ptr)
+        rel = np.where(has_in, NO_REL, ms)
+        order = _topo_order(ms, kind, src, None, n, is_lane, ptr)
         label_codes, lu = _first_codes(nd["label"], len(self.strs))
         labels = [self.strs[c] for c in lu]
         cat = np.where(kind == WAIT, self.code("wait"), nd["category"])
@@ -1008,10 +1023,10 @@ class _Builder:
             cpu = self.st.set_index(["rank", "step"])["start_ts_ns"]
             start = cpu.reindex(pd.MultiIndex.from_arrays([steps["rank"], steps["step"]])).to_numpy(np.int64)
             g_idx = np.flatnonzero(on_gpu)
-            g_rank = rank[g_idx]
+            g_rank = rank[g_idx].astype(np.int64)     # searchsorted below: one dtype, no conversions per call
             by_rank = np.argsort(g_rank, kind="stable")          # GPU nodes grouped by rank, in node order
             g_sorted = g_rank[by_rank]
-            s_rank = steps["rank"].to_numpy()
+            s_rank = steps["rank"].to_numpy().astype(np.int64)
             for r in np.unique(s_rank):
                 rows = np.flatnonzero(s_rank == r)
                 idx = g_idx[by_rank[np.searchsorted(g_sorted, r, "left"):np.searchsorted(g_sorted, r, "right")]]
@@ -1119,6 +1134,8 @@ def _topo_order(ms, kind, src, dst, n, is_lane=None, ptr=None) -> np.ndarray:
         if passes >= 0:
             return order if passes == 0 else np.argsort(key, kind="stable")
         key[order] = np.arange(n, dtype=np.float64)   # a cycle: start again, the passes below end in Kahn
+    if dst is None:                         # each edge's destination, from the CSR
+        dst = np.repeat(np.arange(n), np.diff(ptr))
     cand = None            # edges that can be violated: all, then the out-edges of nodes just raised
     for it in range(200):
         s, d = (src, dst) if cand is None else (src[cand], dst[cand])
