@@ -241,3 +241,28 @@ def test_typical_durations_match_direct_groupby(graphs):
             np.testing.assert_array_equal(got[comp], want[comp], err_msg=f"{run} without {left_out}")
             assert (got[comp] != g.dur[comp]).sum() > 10, run     # it does change durations
         assert "operation_key" in g.cache
+
+
+def test_clock_offsets_applied_only_where_the_views_apply_them(store):
+    """The builder reads the clock offsets only where clock_alignment says they apply (runs over
+    several hosts, or align_clocks='always'); with 'always' every rank's nodes move by its offset."""
+    import numpy as np
+
+    import traceanalyzer as ta
+    from traceanalyzer import replay
+    con = ta.open(str(store))
+    run = "ddp_gloo_4rank_slow2"
+    con.execute("SET VARIABLE align_clocks = 'never'")
+    g0 = replay.build_graph(con, run)
+    con.execute("SET VARIABLE align_clocks = 'always'")
+    g1 = replay.build_graph(con, run)
+    off = dict(con.execute("SELECT rank, offset_ns FROM clock_offsets WHERE run = $run", {"run": run}).fetchall())
+    assert any(off.values())                      # real offsets (µs of clock noise between processes)
+    for r, o in off.items():
+        # the first node of each rank's main CPU lane: its recorded start, moved by the offset
+        lane = int(g0.lanes.loc[(g0.lanes["rank"] == r) & (g0.lanes["type"] == "cpu"), "lane"].iloc[0])
+        a, b = np.flatnonzero(g0.lane == lane)[0], np.flatnonzero(g1.lane == lane)[0]
+        assert int(g1.ms[b]) - int(g0.ms[a]) == o, (r, o)
+    con.execute("SET VARIABLE align_clocks = 'auto'")    # one host: nothing applied
+    g2 = replay.build_graph(con, run)
+    assert np.array_equal(g2.ms, g0.ms)

@@ -88,17 +88,33 @@ def test_same_graph_as_reference_builder(store):
 
 
 def test_string_path_same_graph(store, monkeypatch):
-    """Event names normally leave DuckDB as hashes; on a hash collision the builder fetches the
-    strings instead. Both paths must give the same graph (a GPU run and a gloo run)."""
+    """Event names normally leave DuckDB as a hash modulo a number under which the run's names stay
+    distinct (graph._modulus); where no such number is found, as full hashes; on a hash collision
+    the builder fetches the strings instead. All three paths must give the same graph (a GPU run
+    and a gloo run)."""
     import traceanalyzer as ta
     from traceanalyzer import replay
     from traceanalyzer.replay import graph
     con = ta.open(str(store))
     runs = ["ddp_gloo_4rank"] + (["dlrm"] if (EXTERNAL / "param_dlrm_8rank").exists() else [])
     hashed = {run: replay.build_graph(con, run) for run in runs}
+    monkeypatch.setattr(graph, "_MAX_MODULUS", 0)
+    for run in runs:
+        _same(replay.build_graph(con, run), hashed[run], run)
     monkeypatch.setattr(graph, "_HASH_NAMES", False)
     for run in runs:
         _same(replay.build_graph(con, run), hashed[run], run)
+
+
+def test_modulus_keeps_hashes_distinct():
+    """_modulus finds m with distinct h % m from n^2 up, and gives 0 where it cannot."""
+    from traceanalyzer.replay import graph
+    rng = np.random.default_rng(7)
+    for n in (1, 2, 50, 300, 2000):
+        h = np.unique(rng.integers(0, 2 ** 63, n, dtype=np.uint64) * np.uint64(2) + np.uint64(1))
+        m = graph._modulus(h)
+        assert m >= len(h) ** 2 and len(np.unique(h % np.uint64(m))) == len(h), (n, m)
+    assert graph._modulus(np.arange(10_000, dtype=np.uint64)) == 0      # 10^8 > _MAX_MODULUS: full hashes
 
 
 def test_compiled_sweep_same_as_python(store, monkeypatch):

@@ -95,7 +95,7 @@ def build_graph(store_or_con, run: str | None = None) -> Graph:
     # milliseconds) and, for a pipeline, its stages. Binding every analysis view costs seconds on a
     # big store, so a pipeline binds only PIPELINE_VIEWS, and a connection that has them is used as it is
     have = {v for (v,) in con.execute("SELECT view_name FROM duckdb_views() WHERE temporary").fetchall()}
-    if "clock_offsets" not in have:
+    if not {"clock_offsets", "clock_alignment"} <= have:
         con.execute(_sql("clock_offsets"))
     run = resolve_run(con, run, "replay")
     with array_workspace():
@@ -162,13 +162,31 @@ _SKIP_NESTED = True  # False: fetch them anyway (stores before schema 1.3 have n
 # names leave DuckDB as 64-bit hashes (cheaper than 13 M strings), kinds as their position in the
 # run's list of kinds; the strings come from one DISTINCT query (a hash collision falls back to strings)
 _EVENTS_SQL = ("SELECT rank, event_id, coalesce(list_position($kinds, kind), 0)::SMALLINT AS kind_pos, "
-               "hash(name) AS name_hash, ts_ns, dur_ns, tid, is_gpu, coalesce(correlation, 0) AS correlation, "
+               "{name_hash} AS name_hash, ts_ns, dur_ns, tid, is_gpu, coalesce(correlation, 0) AS correlation, "
                "correlation IS NOT NULL AS has_corr ")
+# better still, the hash modulo a number m under which the run's distinct names stay distinct: then
+# a name's code is one lookup in a table of m entries (a binary search among the hashes costs 0.2 s
+# at 5 M events); m is searched from n^2 (n names) up to _MAX_MODULUS, else the full hash is used
+_MAX_MODULUS = 1 << 24
 _HASH_NAMES = True   # False: always fetch the strings (what a collision does; the tests check both give one graph)
 _EVENTS_SQL_STRINGS = ("SELECT rank, event_id, kind, name, ts_ns, dur_ns, tid, is_gpu, coalesce(correlation, 0) AS "
                        "correlation, correlation IS NOT NULL AS has_corr ")
 # what a wait waits for: a member's POST, an instance's SYNC, a GPU op, another CPU thread of the rank
 _POST_SRC, _SYNC_SRC, _GPU_SRC, _CPU_SRC = 0, 1, 2, 3
+
+
+def _modulus(hashes) -> int:
+    """The smallest m >= max(n^2, 1024) (n distinct hashes, counting up in odd numbers, 64 tries)
+    under which the hashes stay distinct, or 0 where none is found below _MAX_MODULUS. From n^2 on
+    a try fails with probability at most 1 - exp(-1/2) = 0.39, so all 64 fail about once in 10^26."""
+    n = len(hashes)
+    start = max(n * n, 1024) | 1
+    if n == 0 or start + 128 > _MAX_MODULUS:
+        return 0
+    for m in range(start, start + 128, 2):
+        if len(np.unique(hashes % np.uint64(m))) == n:
+            return m
+    return 0
 
 
 def _dict_codes(col) -> tuple[np.ndarray, list]:
@@ -267,12 +285,29 @@ def _member(keys, of) -> np.ndarray:
     return u[k] == keys
 
 
-def _lookup(keys, values, query, keep="first") -> np.ndarray:
-    """values[i] of the first (keep='first') or last row i whose key equals each query key; -1 when none."""
+def _lexsort2(minor, major) -> np.ndarray:
+    """np.lexsort((minor, major)) for int arrays: one stable argsort of a combined key where the
+    two ranges fit in 62 bits (10x faster than lexsort's two merge sorts)."""
+    if not len(major):
+        return np.zeros(0, np.int64)
+    lo_a, lo_b = int(major.min()), int(minor.min())
+    wa, wb = int(major.max()) - lo_a + 1, int(minor.max()) - lo_b + 1
+    if wa * wb >= 2 ** 62:
+        return np.lexsort((minor, major))
+    key = major.astype(np.int64) - lo_a
+    key *= wb
+    key += minor
+    key -= lo_b
+    return np.argsort(key, kind="stable")
+
+
+def _lookup(keys, values, query, keep="first", order=None) -> np.ndarray:
+    """values[i] of the first (keep='first') or last row i whose key equals each query key; -1 when none.
+    ``order``: the rows to look among, in np.argsort(keys, kind="stable") order (one sort, several lookups)."""
     out = np.full(len(query), -1, dtype=np.int64)
-    if not len(keys) or not len(query):
+    o = np.argsort(keys, kind="stable") if order is None else order
+    if not len(o) or not len(query):
         return out
-    o = np.argsort(keys, kind="stable")
     sk = keys[o]
     if keep == "first":
         k = np.searchsorted(sk, query, side="left")
@@ -324,22 +359,36 @@ class _Builder:
 
     # -- loading ------------------------------------------------------------------------------
     def load(self):
-        off = self.q("SELECT rank, offset_ns FROM clock_offsets WHERE run = $run")
-        self.offset = dict(zip(off["rank"], off["offset_ns"]))
+        self.offset = {}
+        # the offsets only where they are applied (clock_offsets.sql: runs over several hosts)
+        if self.con.execute("SELECT count(*) FROM clock_alignment WHERE run = $run AND applied",
+                            {"run": self.run}).fetchone()[0]:
+            off = self.q("SELECT rank, offset_ns FROM clock_offsets WHERE run = $run")
+            self.offset = dict(zip(off["rank"], off["offset_ns"]))
         where = _EVENTS_WHERE
         nested = "false"
         if _SKIP_NESTED and "nested" in {d[0] for d in self.con.execute("SELECT * FROM events LIMIT 0").description}:
             where += _NOT_NESTED
             nested = "coalesce(nested, false)"
-        pairs = self.con.execute("SELECT DISTINCT kind, name, hash(name) " + where, {"run": self.run}).fetchall()
-        kinds = sorted({k for k, _, _ in pairs if k is not None})
+        # the run's kinds and names (all its events': one cheap scan of two dictionary-encoded columns,
+        # where the distinct values of just the fetched events take a second filtered scan)
+        rows = self.con.execute("SELECT 'k', kind, NULL::UBIGINT FROM (SELECT DISTINCT kind FROM events WHERE run = $run) "
+                                "UNION ALL SELECT 'n', name, hash(name) FROM (SELECT DISTINCT name FROM events "
+                                "WHERE run = $run)", {"run": self.run}).fetchall()
+        kinds = sorted({v for w, v, _ in rows if w == "k" and v is not None})
         by_hash = {}
-        for _, name, h in pairs:
-            by_hash.setdefault(h, set()).add(name)
+        for w, name, h in rows:
+            if w == "n":
+                by_hash.setdefault(h, set()).add(name)
         hashed = _HASH_NAMES and all(len(v) == 1 for v in by_hash.values())
         if hashed:
-            t = self.con.sql(_EVENTS_SQL + f", {nested} AS nested " + where,
-                             params={"run": self.run, "kinds": kinds}).to_arrow_table()
+            uh = np.unique(np.fromiter(by_hash, dtype=np.uint64, count=len(by_hash)))
+            m = _modulus(uh)
+            params = {"run": self.run, "kinds": kinds}
+            if m:
+                params["m"] = m
+            sql = _EVENTS_SQL.format(name_hash="(hash(name) % $m::UBIGINT)::UINTEGER" if m else "hash(name)")
+            t = self.con.sql(sql + f", {nested} AS nested " + where, params=params).to_arrow_table()
         else:
             t = self.con.sql(_EVENTS_SQL_STRINGS + f", {nested} AS nested " + where, params={"run": self.run}).to_arrow_table()
         rank = _int_col(t, "rank")
@@ -365,9 +414,12 @@ class _Builder:
         if not len(t):
             (nc, nstr), (kc, kstr) = (np.zeros(0, np.int32), []), (np.zeros(0, np.int32), [])
         elif hashed:
-            # codes by one binary search among the run's distinct hashes (no hash table of 5 M rows)
-            uh = np.unique(np.fromiter(by_hash, dtype=np.uint64, count=len(by_hash)))
-            nc = np.searchsorted(uh, t.column("name_hash").to_numpy())
+            if m:       # codes by one lookup in a table of m entries
+                table = np.zeros(m, dtype=np.int32)
+                table[(uh % np.uint64(m)).astype(np.int64)] = np.arange(len(uh), dtype=np.int32)
+                nc = table[t.column("name_hash").to_numpy()]
+            else:       # by one binary search among the run's distinct hashes
+                nc = np.searchsorted(uh, t.column("name_hash").to_numpy())
             nstr = ["nan" if n is None else n for n in (next(iter(by_hash[int(h)])) for h in uh)]
             kc, kstr = t.column("kind_pos").to_numpy().astype(np.int64), ["nan"] + kinds
         else:
@@ -431,7 +483,6 @@ class _Builder:
         import time
         t0, f0 = time.perf_counter(), _page_faults()
         self.load()
-        warm_up()    # numba loads on the other core while the one-threaded numpy passes below run
         t1 = time.perf_counter()
         phases, faults = {}, {"load": _page_faults() - f0}
         self._drop("load")
@@ -440,6 +491,8 @@ class _Builder:
             t, f = time.perf_counter(), _page_faults()
             g = step()                  # the last one, _finish, returns the Graph
             self._drop(step.__name__)
+            if step == self._plan_comm:     # (pandas work: it would contend for the GIL)
+                warm_up()   # numba loads on the other core while the one-threaded numpy passes below run
             name = step.__name__.strip("_")
             phases[name], faults[name] = round(time.perf_counter() - t, 3), _page_faults() - f
         # page faults (fresh memory touched; Unix only, else 0) per step: on a VM each can cost 3-25 us
@@ -527,7 +580,7 @@ class _Builder:
         if len(sy) and len(self.L_ev):
             k_rank, k_ts, k_te, k_id = (self.e_rank[self.L_ev], self.e_ts[self.L_ev], self.e_te[self.L_gpu],
                                         self.e_id[self.L_gpu])
-            ko = np.lexsort((k_te, k_rank))
+            ko = _lexsort2(k_te, k_rank)
             k_rank, k_ts, k_te, k_id = k_rank[ko], k_ts[ko], k_te[ko], k_id[ko]
             s_rank, s_ts, s_te = self.e_rank[sy], self.e_ts[sy], self.e_te[sy]
             j = np.full(len(sy), -1, dtype=np.int64)
@@ -683,7 +736,7 @@ class _Builder:
             if not parts:
                 continue
             f = [np.concatenate(c) for c in zip(*parts)]
-            o = np.lexsort((f[8], f[0]))
+            o = _lexsort2(f[8], f[0])
             for name, c in zip(names, f[:8]):
                 cols[name].append(c[o])
             cols["lane"].append(np.full(len(o), lane_id)); cols["rank"].append(np.full(len(o), rank))
@@ -753,11 +806,11 @@ class _Builder:
         fm = _among(kind0[gm], [KERNEL, ARRIVE])
         lg_rank, lg_eid = self.e_rank[self.L_gpu], self.e_id[self.L_gpu]
         nk, qk = _pair_keys(rank[gm], eid[gm], lg_rank, lg_eid)
-        first_node = _lookup(nk[fm], gm[fm], qk, "first")
-        last_of = lambda q: _lookup(nk, gm, q, "last")  # noqa: E731
+        by_key = np.argsort(nk, kind="stable")
+        first_node = _lookup(nk, gm, qk, "first", order=by_key[fm[by_key]])   # among the first nodes only
         ok = first_node >= 0
         L_ev, L_node = self.L_ev[ok], first_node[ok]
-        L_last = last_of(qk[ok])
+        L_last = _lookup(nk, gm, qk[ok], "last", order=by_key)
         s = self._by_point(self.e_thr[L_ev], self.e_te[L_ev], ending=True)
         m = s >= 0
         src.append(s[m]); dst.append(L_node[m])

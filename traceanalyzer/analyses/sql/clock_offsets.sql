@@ -9,20 +9,28 @@
 --
 -- Columns: run, rank, estimated_offset_ns, n_collectives, applied (bool), offset_ns (applied
 -- value: estimated_offset_ns or 0).
+--
+-- clock_alignment (run, applied) says whether a run's offsets are applied at all, from the ranks
+-- table alone: the replay graph builder asks it first and skips the estimate (a median per
+-- collective) where nothing would be applied.
+CREATE OR REPLACE TEMP VIEW clock_alignment AS
+SELECT run,
+       CASE getvariable('align_clocks') WHEN 'always' THEN true WHEN 'never' THEN false
+            ELSE count(DISTINCT host) > 1 END AS applied
+FROM ranks GROUP BY run;
+
 CREATE OR REPLACE TEMP VIEW clock_offset_estimates AS
 WITH ends AS (
     SELECT run, coalesce(pg_name, '?') AS pg, seq, rank, end_ts_ns,
            median(end_ts_ns) OVER (PARTITION BY run, coalesce(pg_name, '?'), seq) AS median_end,
            count(*) OVER (PARTITION BY run, coalesce(pg_name, '?'), seq) AS n
     FROM comms WHERE NOT is_p2p AND seq IS NOT NULL
-),
-hosts AS (SELECT run, count(DISTINCT host) AS n_hosts FROM ranks GROUP BY run)
+)
 SELECT e.run, e.rank,
        CAST(-median(e.end_ts_ns - e.median_end) AS BIGINT) AS estimated_offset_ns,
        count(*) AS n_collectives,
-       CASE getvariable('align_clocks') WHEN 'always' THEN true WHEN 'never' THEN false
-            ELSE any_value(h.n_hosts) > 1 END AS applied
-FROM ends e JOIN hosts h USING (run)
+       any_value(a.applied) AS applied
+FROM ends e JOIN clock_alignment a USING (run)
 WHERE e.n > 1
 GROUP BY e.run, e.rank;
 
