@@ -117,6 +117,44 @@ def test_modulus_keeps_hashes_distinct():
     assert graph._modulus(np.arange(10_000, dtype=np.uint64)) == 0      # 10^8 > _MAX_MODULUS: full hashes
 
 
+def test_compiled_join_same_as_sort_join(store, monkeypatch):
+    """The compiled merge join of launches and GPU ops (_jit._merge_join) gives _inner_join's pairs
+    in _inner_join's order (duplicate keys on both sides, other rows interleaved), refuses unsorted
+    input and a too-short output (the sort join runs then), and a whole graph built with numba
+    equals one built without it (GPU runs need the join)."""
+    pytest.importorskip("numba")
+    import traceanalyzer as ta
+    from traceanalyzer import replay
+    from traceanalyzer.replay import graph
+    from traceanalyzer.replay._jit import join_kernel
+    join = join_kernel()
+    rng = np.random.default_rng(3)
+    n = 5000
+    rank = np.sort(rng.integers(0, 4, n))
+    corr = np.concatenate([np.sort(rng.integers(0, 300, (rank == r).sum())) for r in range(4)])
+    is_l = rng.random(n) < 0.5
+    rt, gp = np.flatnonzero(is_l), np.flatnonzero(~is_l)
+    want = graph._inner_join(*graph._pair_keys(rank[rt], corr[rt], rank[gp], corr[gp]))
+    assert len(want[0]) > len(rt)                       # duplicates on both sides
+    li, gi = np.empty(3 * n, np.int64), np.empty(3 * n, np.int64)
+    k = join(rt, gp, rank, corr, li, gi)
+    np.testing.assert_array_equal(li[:k], want[0])
+    np.testing.assert_array_equal(gi[:k], want[1])
+    for got, w in zip(graph._launch_join(rt, gp, rank, corr), want):    # output too short: -2, sort join
+        np.testing.assert_array_equal(got, w)
+    shuffled = rng.permutation(rt)
+    assert join(shuffled, gp, rank, corr, li, gi) == -1
+    for got, w in zip(graph._launch_join(shuffled, gp, rank, corr),
+                      graph._inner_join(*graph._pair_keys(rank[shuffled], corr[shuffled], rank[gp], corr[gp]))):
+        np.testing.assert_array_equal(got, w)
+    con = ta.open(str(store))
+    runs = ["ddp_gloo_4rank"] + (["dlrm"] if (EXTERNAL / "param_dlrm_8rank").exists() else [])
+    compiled = {run: replay.build_graph(con, run) for run in runs}
+    monkeypatch.setenv("TRACEANALYZER_NO_NUMBA", "1")
+    for run in runs:
+        _same(replay.build_graph(con, run), compiled[run], run)
+
+
 def test_compiled_sweep_same_as_python(store, monkeypatch):
     """The simulator's head sweep compiled by numba (replay/_jit.py) gives the same integers as the
     plain Python loop, on every shipped run, for the identity replay and for perturbed durations

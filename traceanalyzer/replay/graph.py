@@ -35,7 +35,7 @@ import pandas as pd
 
 from .._memory import array_workspace
 from ..errors import TraceAnalyzerError
-from ._jit import repair_kernel, warm_up
+from ._jit import join_kernel, repair_kernel, warm_up
 
 # node kinds
 OP, GAP, WAIT, KERNEL, ARRIVE, POST, SYNC = range(7)
@@ -207,7 +207,18 @@ def _int_col(t, name, null=-1) -> np.ndarray:
     col = t.column(name)
     if col.null_count:
         col = pc.fill_null(col, null)
-    return col.to_numpy().astype(np.int64, copy=False)
+    return _np(col).astype(np.int64, copy=False)
+
+
+def _np(col) -> np.ndarray:
+    """A chunked Arrow column (no nulls) as one numpy array, concatenated by numpy from zero-copy
+    views of the chunks: the array lives in the process heap, which array_workspace reuses, where
+    ChunkedArray.to_numpy allocates from Arrow's pool and faults fresh pages in (0.1 s per column
+    of 5 M events on the VM of benchmarks/RESULTS.md)."""
+    chunks = [c.to_numpy(zero_copy_only=False) for c in col.chunks]
+    if not chunks:
+        return col.to_numpy()
+    return chunks[0].copy() if len(chunks) == 1 else np.concatenate(chunks)
 
 
 def _pair_keys(a1, b1, a2, b2):
@@ -299,6 +310,19 @@ def _lexsort2(minor, major) -> np.ndarray:
     key += minor
     key -= lo_b
     return np.argsort(key, kind="stable")
+
+
+def _launch_join(rt, gp, rank, corr):
+    """_inner_join of rows rt and gp on (rank, corr): one compiled merge pass where both sides are
+    sorted (as a store gives them), else keys, a sort and binary searches."""
+    kernel = join_kernel()
+    if kernel is not None:
+        li, gi = np.empty(len(rt), np.int64), np.empty(len(rt), np.int64)
+        n = kernel(np.ascontiguousarray(rt, np.int64), np.ascontiguousarray(gp, np.int64),
+                   np.ascontiguousarray(rank, np.int64), np.ascontiguousarray(corr, np.int64), li, gi)
+        if n >= 0:
+            return li[:n], gi[:n]
+    return _inner_join(*_pair_keys(rank[rt], corr[rt], rank[gp], corr[gp]))
 
 
 def _lookup(keys, values, query, keep="first", order=None) -> np.ndarray:
@@ -404,12 +428,12 @@ class _Builder:
         self.e_dur = _int_col(t, "dur_ns", 0)
         self.e_te = self.e_ts + self.e_dur
         self.e_tid = _int_col(t, "tid", 0)
-        self.e_gpu = t.column("is_gpu").to_numpy(zero_copy_only=False).astype(bool) if len(t) else np.zeros(0, bool)
-        self.e_has_corr = t.column("has_corr").to_numpy(zero_copy_only=False).astype(bool) if len(t) else np.zeros(0, bool)
+        self.e_gpu = _np(t.column("is_gpu")).astype(bool, copy=False) if len(t) else np.zeros(0, bool)
+        self.e_has_corr = _np(t.column("has_corr")).astype(bool, copy=False) if len(t) else np.zeros(0, bool)
         self.e_corr = _int_col(t, "correlation", 0)
         # the other events that ingest found nested (runtime calls inside their op: a fifth of a big
         # run's events) are fetched for their launches, but cannot shape a thread's top-level work
-        self.e_nested = t.column("nested").to_numpy(zero_copy_only=False).astype(bool) if len(t) else np.zeros(0, bool)
+        self.e_nested = _np(t.column("nested")).astype(bool, copy=False) if len(t) else np.zeros(0, bool)
         # names and kinds as codes into the builder's string table
         if not len(t):
             (nc, nstr), (kc, kstr) = (np.zeros(0, np.int32), []), (np.zeros(0, np.int32), [])
@@ -417,11 +441,11 @@ class _Builder:
             if m:       # codes by one lookup in a table of m entries
                 table = np.zeros(m, dtype=np.int32)
                 table[(uh % np.uint64(m)).astype(np.int64)] = np.arange(len(uh), dtype=np.int32)
-                nc = table[t.column("name_hash").to_numpy()]
+                nc = table[_np(t.column("name_hash"))]
             else:       # by one binary search among the run's distinct hashes
-                nc = np.searchsorted(uh, t.column("name_hash").to_numpy())
+                nc = np.searchsorted(uh, _np(t.column("name_hash")))
             nstr = ["nan" if n is None else n for n in (next(iter(by_hash[int(h)])) for h in uh)]
-            kc, kstr = t.column("kind_pos").to_numpy().astype(np.int64), ["nan"] + kinds
+            kc, kstr = _np(t.column("kind_pos")).astype(np.int64), ["nan"] + kinds
         else:
             nc, nstr = _dict_codes(t.column("name"))
             kc, kstr = _dict_codes(t.column("kind"))
@@ -482,6 +506,7 @@ class _Builder:
     def build(self) -> Graph:
         import time
         t0, f0 = time.perf_counter(), _page_faults()
+        warm_up()
         self.load()
         t1 = time.perf_counter()
         phases, faults = {}, {"load": _page_faults() - f0}
@@ -491,8 +516,7 @@ class _Builder:
             t, f = time.perf_counter(), _page_faults()
             g = step()                  # the last one, _finish, returns the Graph
             self._drop(step.__name__)
-            if step == self._plan_comm:     # (pandas work: it would contend for the GIL)
-                warm_up()   # numba loads on the other core while the one-threaded numpy passes below run
+
             name = step.__name__.strip("_")
             phases[name], faults[name] = round(time.perf_counter() - t, 3), _page_faults() - f
         # page faults (fresh memory touched; Unix only, else 0) per step: on a VM each can cost 3-25 us
@@ -555,7 +579,7 @@ class _Builder:
         rt_kinds = [self.str_code.get(k, -1) for k in ("runtime", "sync")]
         rt = np.flatnonzero(cpu_ev & _among(kind, rt_kinds) & self.e_has_corr)
         gp = np.flatnonzero(self.e_gpu & self.e_has_corr)
-        li, gi = _inner_join(*_pair_keys(self.e_rank[rt], self.e_corr[rt], self.e_rank[gp], self.e_corr[gp]))
+        li, gi = _launch_join(rt, gp, self.e_rank, self.e_corr)
         self.L_ev, self.L_gpu = rt[li], gp[gi]
         cuts_thr.append(self.e_thr[self.L_ev]); cuts_t.append(self.e_te[self.L_ev])
         # gloo/collective enqueue -> execution on a runloop thread: cut where the span starts (clipped to the op)
@@ -905,7 +929,7 @@ class _Builder:
         if not len(rt):
             return
         gp = np.flatnonzero(self.e_gpu & self.e_has_corr)
-        li, gi = _inner_join(*_pair_keys(self.e_rank[rt], self.e_corr[rt], self.e_rank[gp], self.e_corr[gp]))
+        li, gi = _launch_join(rt, gp, self.e_rank, self.e_corr)
         rt, gp = rt[li], gp[gi]
         nk, qk = _pair_keys(self.nd["rank"][gm], self.nd["event_id"][gm], self.e_rank[gp], self.e_id[gp])
         node = _lookup(nk[fm], gm[fm], qk, "first")
