@@ -37,14 +37,18 @@ class Simulator:
     def _setup(self, graph: Graph):
         g = graph
         n = g.n
-        cnt = np.diff(g.ptr)
-        first_edge = g.ptr[:-1]
-        only_lane = (cnt == 1) & g.is_lane_edge[np.minimum(first_edge, max(len(g.src) - 1, 0))] if len(g.src) else np.zeros(n, bool)
-        only_lane &= (g.lag[np.minimum(first_edge, max(len(g.src) - 1, 0))] == 0) if len(g.src) else only_lane
-        only_lane &= g.rel == NO_REL
-        # a chain member's lane predecessor is the node just before it (lanes are contiguous)
-        only_lane[1:] &= g.src[np.minimum(first_edge[1:], max(len(g.src) - 1, 0))] == np.arange(n - 1)
-        only_lane[0] = False
+        if len(g.src):
+            first_edge = np.minimum(g.ptr[:-1], len(g.src) - 1)    # (clipped: nodes without edges are heads)
+            only_lane = np.diff(g.ptr) == 1
+            only_lane &= g.is_lane_edge[first_edge]
+            only_lane &= g.lag[first_edge] == 0
+            only_lane &= g.rel == NO_REL
+            # a chain member's lane predecessor is the node just before it (lanes are contiguous)
+            only_lane[1:] &= g.src[first_edge[1:]] == np.arange(n - 1)
+        else:
+            only_lane = np.zeros(n, bool)
+        if n:
+            only_lane[0] = False
         self.is_head = ~only_lane
         self.seg_of = np.cumsum(self.is_head) - 1
         self.heads = np.flatnonzero(self.is_head)
