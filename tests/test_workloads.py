@@ -142,8 +142,10 @@ def test_packages_import_without_torch():
 def test_collector_ingests_straight_into_a_store(tmp_path):
     """`profile(..., store=...)`: rank 0 ingests the whole run once every rank has written it."""
     import traceanalyzer as ta
-    store = tmp_path / "store"
-    launch(2, ["ddp", "--run-name", "direct", "--store", str(store)], tmp_path)
+    # the store inside the attempt's folder: a retry (a rare rank abort at exit, after rank 0
+    # ingested) must not meet the failed attempt's ingest
+    res = launch(2, ["ddp", "--run-name", "direct", "--store", "{attempt}/store"], tmp_path)
+    store = res.out_dir.parent / "store"
     con = ta.open(store)
     assert con.execute("SELECT count(DISTINCT rank) FROM ranks WHERE run = 'direct'").fetchone()[0] == 2
     joined = con.execute("""SELECT count(*) FROM (SELECT seq FROM comms WHERE run = 'direct' AND NOT is_p2p

@@ -38,13 +38,16 @@ def launch(nproc: int, args: Sequence[str], tmp_path: Path, timeout: float = 120
 
     `args` start with the workload (e.g. ["ddp", "--run-name", "r"]) and must not
     set --out: each attempt gets its own folder under `tmp_path`, returned as out_dir.
+    "{attempt}" in an argument becomes that folder, so that whatever else the job writes
+    (``--store {attempt}/store``) starts fresh on a retry too (out_dir.parent after success).
     """
     if "--out" in args:
         raise ValueError("launch() chooses --out itself; read it from the result")
     reports = []
     for attempt in range(RETRIES + 1):
         folder = Path(tmp_path) / f"attempt{attempt}"
-        ok, output, report = _run_once(nproc, args, folder, timeout, env)
+        ok, output, report = _run_once(nproc, [str(a).replace("{attempt}", str(folder)) for a in args], folder,
+                                       timeout, env)
         if ok:
             return Launch(out_dir=folder / "out", output=output, attempts=attempt + 1)
         reports.append(f"--- attempt {attempt} ---\n{report}")
