@@ -263,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     from .report.whatif import REPLAY_MAX_EVENTS
     s.add_argument("--replay-max-events", type=int, default=REPLAY_MAX_EVENTS, metavar="N",
                    help=f"replay runs of at most N stored events (default {REPLAY_MAX_EVENTS:,}; building the "
-                        f"replay graph costs about 0.5 s per million events)")
+                        f"replay graph costs about 0.3 s per million events)")
     from .report.metrics import METRICS
     s.add_argument("--fail-on", action="extend", nargs="+", metavar="KEY>VALUE",
                    help="exit 1 with a one-line reason when a metric crosses a threshold (quote it for the shell: "
