@@ -52,33 +52,6 @@ _LIBC = _glibc()
 
 
 @contextmanager
-def array_workspace():
-    """Run the block with numpy's huge-page advice off and freed memory kept for reuse (see the
-    module docstring); both restored when the outermost such block ends."""
-    global _depth
-    with _lock:
-        _depth += 1
-        outer = _depth == 1
-    set_hp = _setter()
-    prev = set_hp(False) if set_hp is not None else None
-    if outer and _LIBC is not None:
-        _LIBC.mallopt(_M_MMAP_MAX, 0)
-        _LIBC.mallopt(_M_TRIM_THRESHOLD, 2 ** 31 - 1)
-    try:
-        yield
-    finally:
-        if set_hp is not None:
-            set_hp(prev)
-        with _lock:
-            _depth -= 1
-            last = _depth == 0
-        if last and outer and _LIBC is not None:
-            _LIBC.mallopt(_M_MMAP_MAX, _GLIBC_MMAP_MAX_DEFAULT)
-            _LIBC.mallopt(_M_TRIM_THRESHOLD, _GLIBC_TRIM_DEFAULT)
-            _LIBC.malloc_trim(0)
-
-
-@contextmanager
 def small_pages():
     """Only numpy's huge-page advice off for the block (restored after): for short passes that
     should not pay ``array_workspace``'s final trim (a replay)."""
@@ -91,3 +64,25 @@ def small_pages():
         yield
     finally:
         set_hp(prev)
+
+
+@contextmanager
+def array_workspace():
+    """Run the block with numpy's huge-page advice off and freed memory kept for reuse (see the
+    module docstring); malloc's defaults come back when the last open such block ends."""
+    global _depth
+    with _lock:
+        _depth += 1
+        if _depth == 1 and _LIBC is not None:
+            _LIBC.mallopt(_M_MMAP_MAX, 0)
+            _LIBC.mallopt(_M_TRIM_THRESHOLD, 2 ** 31 - 1)
+    try:
+        with small_pages():
+            yield
+    finally:
+        with _lock:
+            _depth -= 1
+            if _depth == 0 and _LIBC is not None:
+                _LIBC.mallopt(_M_MMAP_MAX, _GLIBC_MMAP_MAX_DEFAULT)
+                _LIBC.mallopt(_M_TRIM_THRESHOLD, _GLIBC_TRIM_DEFAULT)
+                _LIBC.malloc_trim(0)

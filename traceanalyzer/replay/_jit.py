@@ -61,22 +61,18 @@ def _compiled(fn):
     if _off():
         return None
     name = fn.__name__
-    with _LOCK:
-        return _compiled_locked(fn, name)
-
-
-def _compiled_locked(fn, name):
-    if name not in _COMPILED:
-        try:
-            import numba
-        except Exception:  # noqa: BLE001 - missing, or built for another numpy: the Python/numpy path
-            _COMPILED[name] = False
-        else:
+    with _LOCK:                     # the warm-up thread and the caller: one import, one dispatcher
+        if name not in _COMPILED:
             try:
-                _COMPILED[name] = numba.njit(cache=True, nogil=True)(fn)
-            except RuntimeError:   # no writable cache location: compile in each process instead
-                _COMPILED[name] = numba.njit(nogil=True)(fn)
-    return _COMPILED[name] or None
+                import numba
+            except Exception:  # noqa: BLE001 - missing, or built for another numpy: the Python/numpy path
+                _COMPILED[name] = False
+            else:
+                try:
+                    _COMPILED[name] = numba.njit(cache=True, nogil=True)(fn)
+                except RuntimeError:   # no writable cache location: compile in each process instead
+                    _COMPILED[name] = numba.njit(nogil=True)(fn)
+        return _COMPILED[name] or None
 
 
 def join_kernel():

@@ -210,6 +210,10 @@ def _int_col(t, name, null=-1) -> np.ndarray:
     return _np(col).astype(np.int64, copy=False)
 
 
+def _bool_col(t, name) -> np.ndarray:
+    return _np(t.column(name)).astype(bool, copy=False) if len(t) else np.zeros(0, bool)
+
+
 def _np(col) -> np.ndarray:
     """A chunked Arrow column (no nulls) as one numpy array, concatenated by numpy from zero-copy
     views of the chunks: the array lives in the process heap, which array_workspace reuses, where
@@ -221,24 +225,35 @@ def _np(col) -> np.ndarray:
     return chunks[0].copy() if len(chunks) == 1 else np.concatenate(chunks)
 
 
+def _pack(pairs):
+    """Int (a, b) column pairs as one int64 key per row, (a - a0) * width_b + (b - b0) with the
+    minima and widths shared by all pairs: equal pairs get equal keys, and keys sort like (a, b).
+    None where the ranges do not fit in 62 bits."""
+    pairs = [(np.asarray(a, np.int64), np.asarray(b, np.int64)) for a, b in pairs]
+    full = [(a, b) for a, b in pairs if len(a)]
+    if not full:
+        return [a.copy() for a, _ in pairs]
+    a0, b0 = min(int(a.min()) for a, _ in full), min(int(b.min()) for _, b in full)
+    wa, wb = max(int(a.max()) for a, _ in full) - a0 + 1, max(int(b.max()) for _, b in full) - b0 + 1
+    if wa * wb >= 2 ** 62:
+        return None
+    keys = []
+    for a, b in pairs:              # in place on one new array per pair
+        k = a - a0
+        k *= wb
+        k += b
+        k -= b0
+        keys.append(k)
+    return keys
+
+
 def _pair_keys(a1, b1, a2, b2):
     """Two (int, int) key columns as int64 codes such that equal pairs get equal codes."""
-    a1, b1, a2, b2 = (np.asarray(x, np.int64) for x in (a1, b1, a2, b2))
-    if len(a1) + len(a2):
-        a_s, b_s = [a for a in (a1, a2) if len(a)], [b for b in (b1, b2) if len(b)]
-        a0, b0 = min(int(a.min()) for a in a_s), min(int(b.min()) for b in b_s)
-        wa, wb = max(int(a.max()) for a in a_s) - a0 + 1, max(int(b.max()) for b in b_s) - b0 + 1
-        if wa * wb < 2 ** 62:                      # one integer key, no hashing (nor concatenation)
-
-            def key(a, b):
-                k = a - a0
-                k *= wb
-                k += b
-                k -= b0
-                return k
-            return key(a1, b1), key(a2, b2)
-    a = np.concatenate([a1, a2])
-    b = np.concatenate([b1, b2])
+    keys = _pack([(a1, b1), (a2, b2)])
+    if keys is not None:            # one integer key, no hashing (nor concatenation)
+        return keys[0], keys[1]
+    a = np.concatenate([np.asarray(a1, np.int64), np.asarray(a2, np.int64)])
+    b = np.concatenate([np.asarray(b1, np.int64), np.asarray(b2, np.int64)])
     ca, ua = pd.factorize(a)
     cb, ub = pd.factorize(b)
     k = ca.astype(np.int64) * max(len(ub), 1) + cb
@@ -297,19 +312,10 @@ def _member(keys, of) -> np.ndarray:
 
 
 def _lexsort2(minor, major) -> np.ndarray:
-    """np.lexsort((minor, major)) for int arrays: one stable argsort of a combined key where the
+    """np.lexsort((minor, major)) for int arrays: one stable argsort of the packed key where the
     two ranges fit in 62 bits (10x faster than lexsort's two merge sorts)."""
-    if not len(major):
-        return np.zeros(0, np.int64)
-    lo_a, lo_b = int(major.min()), int(minor.min())
-    wa, wb = int(major.max()) - lo_a + 1, int(minor.max()) - lo_b + 1
-    if wa * wb >= 2 ** 62:
-        return np.lexsort((minor, major))
-    key = major.astype(np.int64) - lo_a
-    key *= wb
-    key += minor
-    key -= lo_b
-    return np.argsort(key, kind="stable")
+    keys = _pack([(major, minor)])
+    return np.lexsort((minor, major)) if keys is None else np.argsort(keys[0], kind="stable")
 
 
 def _launch_join(rt, gp, rank, corr):
@@ -428,12 +434,12 @@ class _Builder:
         self.e_dur = _int_col(t, "dur_ns", 0)
         self.e_te = self.e_ts + self.e_dur
         self.e_tid = _int_col(t, "tid", 0)
-        self.e_gpu = _np(t.column("is_gpu")).astype(bool, copy=False) if len(t) else np.zeros(0, bool)
-        self.e_has_corr = _np(t.column("has_corr")).astype(bool, copy=False) if len(t) else np.zeros(0, bool)
+        self.e_gpu = _bool_col(t, "is_gpu")
+        self.e_has_corr = _bool_col(t, "has_corr")
         self.e_corr = _int_col(t, "correlation", 0)
         # the other events that ingest found nested (runtime calls inside their op: a fifth of a big
         # run's events) are fetched for their launches, but cannot shape a thread's top-level work
-        self.e_nested = _np(t.column("nested")).astype(bool, copy=False) if len(t) else np.zeros(0, bool)
+        self.e_nested = _bool_col(t, "nested")
         # names and kinds as codes into the builder's string table
         if not len(t):
             (nc, nstr), (kc, kstr) = (np.zeros(0, np.int32), []), (np.zeros(0, np.int32), [])
@@ -516,7 +522,6 @@ class _Builder:
             t, f = time.perf_counter(), _page_faults()
             g = step()                  # the last one, _finish, returns the Graph
             self._drop(step.__name__)
-
             name = step.__name__.strip("_")
             phases[name], faults[name] = round(time.perf_counter() - t, 3), _page_faults() - f
         # page faults (fresh memory touched; Unix only, else 0) per step: on a VM each can cost 3-25 us
