@@ -15,7 +15,7 @@ One run of this script
    collectives in the same order, so ``comms`` joins each collective across all N ranks by seq.
    C is the smallest number of copies that gives every rank >= ``--events-per-rank`` events
    (default 100,000);
-2. ingests it with ``traceanalyzer.ingest(..., workers=W)`` (timed; not part of the analysis
+2. ingests it with ``traceanalyzer.ingest.batch(..., workers=W)`` (timed; not part of the analysis
    budget);
 3. in one fresh process: the baseline (``SELECT count(*), sum(dur_ns) FROM events`` over the same
    store, best of 3), then ``traceanalyzer.analyses.results.analyze(store)`` (every analysis, saving
@@ -313,7 +313,7 @@ def phase_ingest(spec: dict) -> dict:
     if store.exists():
         shutil.rmtree(store)
     t0 = time.perf_counter()
-    rep = traceanalyzer.ingest(spec["files"], str(store), run=spec["run"], workers=spec["workers"], progress=False)
+    rep = traceanalyzer.ingest.batch(spec["files"], str(store), run=spec["run"], workers=spec["workers"], progress=False)
     t1 = time.perf_counter()
     ib._stop_forkserver()
     return {"seconds": t1 - t0, "report": ib._report_summary(rep),
@@ -448,9 +448,8 @@ def phase_whatif(spec: dict) -> dict:
 def phase_one(spec: dict) -> dict:
     """One analysis, alone, on a fresh connection."""
     import traceanalyzer as ta
-    from traceanalyzer.analyses import results as R
-
     from traceanalyzer.analyses import prepare
+    from traceanalyzer.analyses import results as R
 
     poller = RssPoller()
     con = ta.open(spec["store"])  # prepare alone (loading the SQL modules), on its own connection

@@ -11,7 +11,7 @@ One run of this script
    the new world);
 2. measures, with the same number of worker processes (``--workers``, default 2):
 
-   * ``ours``  - ``traceanalyzer.ingest(paths, store, run=..., workers=W)``;
+   * ``ours``  - ``traceanalyzer.ingest.batch(paths, store, run=..., workers=W)``;
    * ``floor`` - a bare typed msgspec decode of the same bytes (events as a
      ``msgspec.Struct`` with ph/name/cat/pid/tid/ts/dur/args) that also turns
      ``ts``/``dur`` exactly into int64 nanoseconds (decoded as ``msgspec.Raw``,
@@ -545,7 +545,7 @@ def phase_ours(files: list[str], workers: int, workdir: Path) -> dict:
     if store.exists():
         shutil.rmtree(store)
     t0 = time.perf_counter()
-    rep = traceanalyzer.ingest(files, str(store), run="bench", workers=workers, progress=False)
+    rep = traceanalyzer.ingest.batch(files, str(store), run="bench", workers=workers, progress=False)
     t1 = time.perf_counter()
     _stop_forkserver()
     info = {
@@ -1044,7 +1044,7 @@ def render_markdown(payload: dict) -> str:
     lines.append("")
     lines.append("| contender | time (s) | events | events/s | MB/s | peak RSS / worker | / file size | coordinator peak RSS | tree peak RSS |")
     lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    labels = {"ours": "ours (traceanalyzer.ingest)", "floor": "floor (msgspec typed decode + exact ts/dur)",
+    labels = {"ours": "ours (traceanalyzer.ingest.batch)", "floor": "floor (msgspec typed decode + exact ts/dur)",
               "hta": "HTA 0.5.0 TraceAnalysis"}
     for name in ("ours", "floor", "hta"):
         if name not in s:

@@ -52,7 +52,6 @@ def big_store(store: str, append: bool, straggler: bool = True, separate: bool =
 
     import traceanalyzer as ta
     from traceanalyzer import replay
-    from traceanalyzer._memory import array_workspace
     from traceanalyzer.analyses import prepare
     from traceanalyzer.replay._jit import sweep_kernel
     con = ta.open(store)
@@ -63,9 +62,9 @@ def big_store(store: str, append: bool, straggler: bool = True, separate: bool =
     scan_s = time.perf_counter() - t
     # build_graph on the fresh connection: it binds only the views it needs (clock offsets; the
     # pipeline views only for a pipeline); the whole suite's views are timed apart, after
-    # in one array_workspace, as `traceanalyzer replay` runs them: set-up and replay reuse the
-    # memory the build freed instead of faulting fresh pages in (see traceanalyzer/_memory.py)
-    with (nullcontext() if separate else array_workspace()):
+    # build, set-up and first replay as `traceanalyzer replay` runs them (the library leaves the
+    # allocator alone: session 11's array workspace was removed in session 12)
+    with nullcontext():
         t = time.perf_counter()
         g = replay.build_graph(con)
         build_total = time.perf_counter() - t
@@ -95,8 +94,7 @@ def big_store(store: str, append: bool, straggler: bool = True, separate: bool =
     prepare(con)
     prepare_s = time.perf_counter() - t
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
-    how = ("three separate API calls, --separate" if separate
-           else "one array_workspace, as `traceanalyzer replay` runs them")
+    how = "three API calls, as `traceanalyzer replay` runs them"
     steps_per_rank = n_steps / max(n_rank, 1)
     phases = ", ".join(f"{k} {v:.2f}" for k, v in g.stats.get("phases_s", {}).items())
     (nested,) = con.execute("SELECT count(*) FILTER (WHERE nested AND kind = 'cpu_op') FROM events").fetchone() \

@@ -36,7 +36,6 @@ import argparse
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -75,9 +74,8 @@ SCENARIOS = {
 
 def record(args: list[str], tmp: Path, name: str, extra: list[str]) -> Path:
     """One real 2-rank run, ingested into its own store; returns the store."""
-    from traceanalyzer.workloads.launch import launch
-
     import traceanalyzer as ta
+    from traceanalyzer.workloads.launch import launch
     res = launch(2, [*args, *extra, "--run-name", name], tmp / f"launch-{name}", timeout=300)
     store = tmp / f"store-{name}"
     ta.ingest([str(res.out_dir / name)], str(store), run=name, progress=False, workers=1)

@@ -27,7 +27,7 @@ def load_raw(path: Path) -> dict:
 @pytest.fixture
 def run_cli(capsys):
     """Run ``traceanalyzer ARGS`` in-process; returns (exit code, stdout, stderr)."""
-    from traceanalyzer.cli import main
+    from traceanalyzer.cli.main import main
 
     def run(*args):
         code = main([str(a) for a in args])

@@ -5,13 +5,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import EXTERNAL, TRACES, load_raw, need_external
 
 import traceanalyzer as ta
 from traceanalyzer import analyses
 from traceanalyzer import schema as S
 from traceanalyzer.analyses.critical_path import critical_path_summary
-
-from conftest import EXTERNAL, TRACES, load_raw, need_external
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import EXTERNAL, ROOT, TRACES, load_raw, need_external, snapshot
 
 import traceanalyzer as ta
-
-from conftest import snapshot, EXTERNAL, ROOT, TRACES, load_raw, need_external
 
 GOOD = TRACES / "ddp_gloo_2rank" / "rank0.window0.pt.trace.json.gz"
 

@@ -11,11 +11,10 @@ import subprocess
 import sys
 
 import pytest
+from conftest import ROOT, TRACES
 
 import traceanalyzer as ta
-from traceanalyzer.desync import diagnose
-
-from conftest import ROOT, TRACES
+from traceanalyzer.analyses.desync import diagnose
 
 DESYNC = TRACES / "fr_desync_gloo_3rank"
 NCCL = ROOT / "tests" / "fixtures" / "nccl_fr"

@@ -4,10 +4,9 @@ from __future__ import annotations
 import json
 
 import pytest
-
-from traceanalyzer.diff import diff_runs
-
 from test_report import shipped_store
+
+from traceanalyzer.analyses.diff import diff_runs
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,17 @@ from collections import Counter
 from decimal import Decimal
 
 import pytest
-
-import traceanalyzer as ta
-from traceanalyzer.export import OVERLAY_PID, PID_STRIDE, export_trace, validate_nesting, write_trace
-
 from conftest import TRACES, load_raw
 from test_report import shipped_store
+
+import traceanalyzer as ta
+from traceanalyzer.export.trace import (
+    OVERLAY_PID,
+    PID_STRIDE,
+    export_trace,
+    validate_nesting,
+    write_trace,
+)
 
 PP = "pp_1f1b_4rank_slow2"
 
@@ -128,7 +133,7 @@ def test_pipeline_export_has_send_recv_and_recorded_flows(store, pp_doc):
     micro-batches x 3 stage links x 2 (activations forward, gradients backward) = 144 arrows, each
     from a gloo:send slice of rank r to a gloo:recv slice of rank r +- 1. The recorded forward ->
     backward flows (Kineto 'fwdbwd') are all there too, bound to slices of their thread."""
-    from traceanalyzer.export_flows import validate_flows
+    from traceanalyzer.export.flows import validate_flows
     assert validate_flows(pp_doc) == [] and validate_nesting(pp_doc) == []
     fl = _flows(pp_doc)
     p2p = [f for (cat, _), f in fl.items() if cat == "p2p"]
@@ -146,7 +151,7 @@ def test_straggler_export_has_last_arriver_to_waiter_arrows(store):
     """ddp_gloo_4rank_slow2: one arrow per (collective, waiting peer), from the last arriver's
     gloo:all_reduce slice to the end of the peer's 'waiting for rank K' slice, K = the source's rank.
     Rank 2 (the straggler) is the source of most of them."""
-    from traceanalyzer.export_flows import validate_flows
+    from traceanalyzer.export.flows import validate_flows
     doc = export_trace(store, run="ddp_gloo_4rank_slow2")
     assert validate_flows(doc) == [] and validate_nesting(doc) == []
     waits = [f for (cat, _), f in _flows(doc).items() if cat == "collective wait"]
@@ -173,7 +178,8 @@ def test_gpu_export_has_launch_to_kernel_flows(tmp_path):
     from the CUDA launch (cudaLaunchKernel, ...) to the kernel it launched, on the GPU stream;
     the launch and the kernel carry the same correlation id."""
     from conftest import EXTERNAL, need_external
-    from traceanalyzer.export_flows import validate_flows
+
+    from traceanalyzer.export.flows import validate_flows
     need_external()
     src = sorted((EXTERNAL / "param_dlrm_8rank").glob("worker0_*.json.gz"))[0]
     ta.ingest([src], tmp_path / "store", run="dlrm", progress=False, workers=1)
@@ -193,7 +199,7 @@ def test_export_with_the_predicted_timeline_beside(tmp_path, run_cli):
     rank 2 of the slow DDP run idealised), on the same clock as the measured events; it nests, and
     the predicted rank-2 work is shorter than the measured one."""
     import traceanalyzer as ta
-    from traceanalyzer.export import REPLAY_PID_BASE, validate_nesting
+    from traceanalyzer.export.trace import REPLAY_PID_BASE, validate_nesting
     store = tmp_path / "s"
     ta.ingest([str(TRACES / "ddp_gloo_4rank_slow2")], str(store), run="slow2", progress=False)
     plan = tmp_path / "plan.json"

@@ -5,10 +5,9 @@ from __future__ import annotations
 import re
 
 import pytest
+from conftest import EXTERNAL, external_files, load_raw, need_external
 
 import traceanalyzer as ta
-
-from conftest import EXTERNAL, external_files, load_raw, need_external
 
 COMM_KERNEL = re.compile(r"nccl|multimem_all_reduce", re.IGNORECASE)
 GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset", "gpu_user_annotation"}

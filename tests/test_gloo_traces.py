@@ -5,10 +5,9 @@ from __future__ import annotations
 import shutil
 
 import pytest
+from conftest import TRACES
 
 import traceanalyzer as ta
-
-from conftest import TRACES
 
 JOIN = """
 SELECT pg_name, seq, count(DISTINCT rank) AS ranks, count(DISTINCT op) AS ops,

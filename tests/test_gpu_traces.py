@@ -9,12 +9,11 @@ faults the manifests record.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import re
-import argparse
 
 import pytest
-
 from conftest import TRACES
 
 RUNS = ["ddp_gloo_cuda_2rank", "ddp_gloo_cuda_2rank_slow1", "ddp_gloo_cuda_4rank", "ddp_nccl_cuda_1rank",
@@ -91,7 +90,7 @@ def test_gloo_collectives_join_across_ranks(con):
 def test_nccl_log_real_lines():
     """NCCL 2.28.9's own COLL lines: every collective line is parsed (with nranks=1 NCCL prints
     opCount 0 on all of them); nothing skipped."""
-    from traceanalyzer.nccl_logs import read_nccl_log
+    from traceanalyzer.ingest.nccl.logs import read_nccl_log
     path = next((TRACES / "ddp_nccl_cuda_1rank").glob("nccl_debug.*.log"))
     text = path.read_text()
     coll = re.findall(r"NCCL INFO (AllReduce|Broadcast|AllGather|ReduceScatter|Reduce): opCount", text)
@@ -167,7 +166,7 @@ def test_workload_refusals():
 def test_merge_flight_recorder_dumps():
     """A process with NCCL and gloo groups has entries in both recorders: one document, entries in
     creation order, record ids renumbered so that they stay monotonic."""
-    from traceanalyzer.collect.flight_recorder import merge_dumps
+    from traceanalyzer.collect.fr_dump import merge_dumps
     nccl = {"version": "2.10", "pg_config": {"0": {"name": "0"}}, "pg_status": {},
             "entries": [{"record_id": 0, "time_created_ns": 30}, {"record_id": 1, "time_created_ns": 10}]}
     gloo = {"version": "2.10", "pg_config": {"1": {"name": "1"}}, "pg_status": {},

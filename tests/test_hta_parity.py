@@ -23,11 +23,10 @@ import re
 
 import pandas as pd
 import pytest
+from conftest import EXTERNAL, ROOT, need_external
 
 import traceanalyzer as ta
 from traceanalyzer import analyses
-
-from conftest import EXTERNAL, ROOT, need_external
 
 REFERENCE = ROOT / "tests" / "reference"
 REF = json.loads((REFERENCE / "hta_reference.json").read_text())

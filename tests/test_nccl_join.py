@@ -7,16 +7,13 @@ files in tests/fixtures/nccl_join/ are written from the documented formats to de
 from __future__ import annotations
 
 import re
-import shutil
 
-import pytest
+from conftest import EXTERNAL, ROOT, need_external
 
 import traceanalyzer as ta
 from traceanalyzer import schema as S
-from traceanalyzer.nccl_join import comm_map
-from traceanalyzer.nccl_logs import read_nccl_log
-
-from conftest import EXTERNAL, ROOT, need_external
+from traceanalyzer.analyses.nccl_join import comm_map
+from traceanalyzer.ingest.nccl.logs import read_nccl_log
 
 FIX = ROOT / "tests" / "fixtures" / "nccl_join"
 TRACE = EXTERNAL / "hta" / "nccl_parser_config.json.gz"

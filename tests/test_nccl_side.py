@@ -15,14 +15,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import ROOT, TRACES, snapshot
 
 import traceanalyzer as ta
 from traceanalyzer.errors import TraceInputError
-from traceanalyzer.flight_recorder import fr_tables, read_fr_dump
-from traceanalyzer.nccl_logs import read_nccl_log
-from traceanalyzer.nccl_plugins import read_inspector, read_profiler_dump
-
-from conftest import snapshot, ROOT, TRACES
+from traceanalyzer.ingest.flight_recorder import fr_tables, read_fr_dump
+from traceanalyzer.ingest.nccl.logs import read_nccl_log
+from traceanalyzer.ingest.nccl.plugins import read_inspector, read_profiler_dump
 
 FIX = ROOT / "tests" / "fixtures"
 REAL_FR = sorted(p for p in TRACES.glob("*/rank*.fr.json")
@@ -155,7 +154,7 @@ def test_real_torch_pickle_dump_and_the_collector(tmp_path):
         c10d = torch._C._distributed_c10d
         open("{tmp_path}/rank0.fr.pkl", "wb").write(c10d._dump_fr_trace())
         open("{tmp_path}/torch.json", "wb").write(c10d._dump_fr_trace_json())
-        from traceanalyzer.collect.flight_recorder import dump_flight_recorder
+        from traceanalyzer.collect.fr_dump import dump_flight_recorder
         dump_flight_recorder("{tmp_path}/rank0.fr.json")
         dist.destroy_process_group()
     """)

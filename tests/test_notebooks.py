@@ -6,7 +6,6 @@ import json
 import sys
 
 import pytest
-
 from conftest import ROOT
 
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import EXTERNAL, TRACES, ingest_runs
 
 RUNS = ["ddp_gloo_2rank", "ddp_gloo_4rank", "ddp_gloo_4rank_slow2", "pp_1f1b_4rank", "pp_1f1b_4rank_slow2"]
@@ -202,6 +201,7 @@ def _typical_by_pandas(g, ref_ranks):
     the first version of plans.py did): mean over the reference ranks of the same operation."""
     import numpy as np
     import pandas as pd
+
     from traceanalyzer.replay.graph import GAP
     lanes = g.lanes.sort_values(["rank", "type", "tid"])
     lanes["ordinal"] = lanes.groupby(["rank", "type"]).cumcount()
@@ -224,6 +224,7 @@ def test_typical_durations_match_direct_groupby(graphs):
     compute nodes it equals the direct pandas groupby for all ranks and for 'every rank but one'
     (the default reference of a subset), whatever the order of the calls."""
     import numpy as np
+
     from traceanalyzer.replay import typical_durations
     from traceanalyzer.replay.graph import KERNEL, OP
     for run in ("ddp_gloo_4rank_slow2", "pp_1f1b_4rank_slow2", "dlrm"):

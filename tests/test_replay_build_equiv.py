@@ -16,7 +16,6 @@ import time
 import numpy as np
 import pandas as pd
 import pytest
-
 from conftest import EXTERNAL, ROOT, TRACES, ingest_runs
 
 RUNS = sorted(p.name for p in TRACES.iterdir() if p.is_dir())

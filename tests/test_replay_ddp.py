@@ -16,7 +16,6 @@ import shutil
 
 import numpy as np
 import pytest
-
 from conftest import TRACES, ingest_runs
 
 RUNS = ["ddp_gloo_2rank", "ddp_gloo_2rank_nooverlap", "ddp_gloo_2rank_big_b25", "ddp_gloo_2rank_big_b4",

@@ -18,7 +18,6 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-
 from conftest import TRACES
 
 RUNS = ["pp_gpipe_2rank_m4", "pp_1f1b_2rank_m4", "pp_1f1b_2rank_m8", "pp_interleaved_2rank_m4"]

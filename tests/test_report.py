@@ -15,11 +15,10 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
+from conftest import TRACES
 
 import traceanalyzer as ta
 from traceanalyzer import report
-
-from conftest import TRACES
 
 #: run -> (kind of the first finding, rank) for the shipped runs with an injected fault
 FAULTY = {"ddp_gloo_4rank_slow2": ("straggler", 2), "pp_1f1b_4rank_slow2": ("slow_stage", 2),

@@ -12,6 +12,7 @@ import pytest
 torch = pytest.importorskip("torch", reason="torch (the 'collect' extra) is needed to run workloads")
 
 from launch_util import REPO_ROOT, LaunchError, launch  # noqa: E402
+
 from traceanalyzer.collect import allowed_env  # noqa: E402
 
 RUN = "ddp2"

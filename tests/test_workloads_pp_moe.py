@@ -14,9 +14,10 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch (the 'collect' extra) is needed to run workloads")
 
-import traceanalyzer as ta  # noqa: E402
 from conftest import TRACES  # noqa: E402
 from launch_util import launch  # noqa: E402
+
+import traceanalyzer as ta  # noqa: E402
 
 ACTIVE_STEPS = 3  # the collector's default window: steps 2-4 of 6 are profiled
 

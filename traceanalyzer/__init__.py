@@ -10,18 +10,18 @@ Analysis needs no torch; only :mod:`traceanalyzer.collect` and :mod:`traceanalyz
 __version__ = "0.1.0"
 
 from .errors import StoreError, TraceAnalyzerError, TraceInputError  # noqa: E402
-from .ingest import IngestReport, ingest  # noqa: E402
+from .ingest.batch import IngestReport, ingest  # noqa: E402
 
 
 def open(store):  # noqa: A001 - the natural name: ta.open(store)
     """A DuckDB connection with one view per canonical table over ``store``."""
-    from .store import open_store
-    return open_store(store)
+    from .analyses import connect
+    return connect(store)
 
 
 def info(store):
     """One row per (run, rank) of ``store``: windows, steps, events, kernels, collectives, span."""
-    from .summary import info as _info
+    from .analyses.summary import info as _info
     return _info(store)
 
 

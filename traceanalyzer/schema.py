@@ -12,7 +12,7 @@ views expose them, analyses read them. Conventions:
   windows of one long run; windows are numbered 0, 1, ... per rank in the order they are ingested.
 
 Bump ``SCHEMA_VERSION`` whenever a column changes meaning or type; a store written with another
-major version is refused with a clear message (see :mod:`traceanalyzer.store`).
+major version is refused with a clear message (see :mod:`traceanalyzer.store.files`).
 """
 from __future__ import annotations
 

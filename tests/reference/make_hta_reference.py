@@ -42,10 +42,9 @@ from typing import Any, Callable, Dict, List, Optional
 os.environ.pop("HTA_DISABLE_NS_ROUNDING", None)
 warnings.simplefilter("ignore")
 
+import hta.analyzers.communication_analysis as _comm_mod  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-
-import hta.analyzers.communication_analysis as _comm_mod  # noqa: E402
 from hta.analyzers.breakdown_analysis import BreakdownAnalysis  # noqa: E402
 from hta.common.trace import Trace  # noqa: E402
 from hta.common.trace_filter import CPUOperatorFilter  # noqa: E402

@@ -11,14 +11,27 @@ import pandas as pd
 # helpers that did not change (cross-thread waits, the Kahn fallback) are the product's own: this
 # copy keeps only the old building algorithm
 from traceanalyzer.replay.graph import (
-    _BLOCKING_SYNC, _GAP_WAIT_MAX_TAIL_NS, ARRIVE, GAP, KERNEL, NO_REL, OP, POST, SYNC,
-    WAIT, Graph, _cross_thread_waits, _kahn, resolve_run)
+    _BLOCKING_SYNC,
+    _GAP_WAIT_MAX_TAIL_NS,
+    ARRIVE,
+    GAP,
+    KERNEL,
+    NO_REL,
+    OP,
+    POST,
+    SYNC,
+    WAIT,
+    Graph,
+    _cross_thread_waits,
+    _kahn,
+    resolve_run,
+)
 
 
 def build_graph(store_or_con, run: str | None = None) -> Graph:
     """Build the replay graph of one run from a store (all ranks)."""
-    from traceanalyzer.analyses import _connect, prepare
-    con = _connect(store_or_con)
+    from traceanalyzer.analyses import connect, prepare
+    con = connect(store_or_con)
     # the analyses' views (clock offsets, pipeline stages) are needed; binding them costs seconds on
     # a big store, so a connection that already has them (prepared by the caller) is used as it is
     have = {v for (v,) in con.execute("SELECT view_name FROM duckdb_views() WHERE temporary").fetchall()}

@@ -58,15 +58,21 @@ def prepare(con, modules=None, **params) -> Any:
     return con
 
 
-def _connect(store_or_con):
+def connect(store_or_con):
+    """A DuckDB connection over a store: the canonical views (:func:`traceanalyzer.store.open_store`)
+    plus ``nccl_comm_map`` / ``comms_nccl`` (NCCL communicators matched to process groups,
+    :mod:`.nccl_join`). An open connection is returned as it is."""
     if hasattr(store_or_con, "execute"):
         return store_or_con
     from ..store import open_store
-    return open_store(store_or_con)
+    from .nccl_join import register
+    con = open_store(store_or_con)
+    register(con)
+    return con
 
 
 def _query(store_or_con, sql: str, run: str | None, params: dict) -> pd.DataFrame:
-    con = prepare(_connect(store_or_con), **params)
+    con = prepare(connect(store_or_con), **params)
     where = "" if run is None else " WHERE run = $run"
     return con.execute(sql.format(where=where), {"run": run} if run is not None else {}).df()
 
@@ -183,7 +189,7 @@ def idle_breakdown(store_or_con, run: str | None = None, **params) -> pd.DataFra
 # own analyses above differ from them. ns_rounding=False is HTA's HTA_DISABLE_NS_ROUNDING=1.
 
 def _hta_query(store_or_con, sql: str, run: str | None, params: dict, ns_rounding: bool) -> pd.DataFrame:
-    con = _connect(store_or_con)
+    con = connect(store_or_con)
     con.execute("SET VARIABLE hta_disable_ns_rounding = ?", [not ns_rounding])
     return _query(con, sql, run, params)
 

@@ -17,8 +17,8 @@ import pyarrow as pa
 
 from .. import __version__
 from .. import schema as S
-from .. import store as st
 from ..errors import TraceAnalyzerError
+from ..store import files as st
 from . import PARAMETERS, prepare
 
 #: analysis name -> the SQL that produces its result table (columns as in schema.RESULTS).
@@ -122,8 +122,8 @@ def save(store: str | os.PathLike, results: dict[str, pd.DataFrame], params: dic
 def analyze(store: str | os.PathLike, run: str | None = None, only: list[str] | None = None,
             save_results: bool = True, **params) -> dict[str, pd.DataFrame]:
     """Run the analyses over ``store`` (all ranks), save them in it, and return them."""
-    from ..store import open_store
-    con = open_store(store)
+    from . import connect
+    con = connect(store)
     try:
         runs = [r for (r,) in con.execute("SELECT DISTINCT run FROM ranks ORDER BY run").fetchall()]
         if run is not None and run not in runs:

@@ -10,7 +10,7 @@ torch is imported only when a collector runs, so importing this package
 (and `traceanalyzer`) works without torch.
 """
 
-from traceanalyzer.collect.flight_recorder import dump_flight_recorder, enable_flight_recorder
+from traceanalyzer.collect.fr_dump import dump_flight_recorder, enable_flight_recorder
 from traceanalyzer.collect.manifest import allowed_env
 from traceanalyzer.collect.profiler import Collector, profile
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from traceanalyzer.collect import files, manifest
-from traceanalyzer.collect.flight_recorder import dump_flight_recorder, enable_flight_recorder
+from traceanalyzer.collect.fr_dump import dump_flight_recorder, enable_flight_recorder
 
 
 class Collector:
@@ -108,7 +108,7 @@ def _ingest_run(collector: Collector, store: str | Path) -> None:
     if dist:
         dist.barrier()
     if collector.rank == 0:
-        from ..ingest import ingest
+        from ..ingest.batch import ingest
         report = ingest([collector.run_dir], store, run=collector.run, workers=1)
         print(f"traceanalyzer.collect: {report.summary()}", file=sys.stderr)
     if dist:

@@ -152,8 +152,8 @@ def _theil_sen(x: np.ndarray, y: np.ndarray, rng, center=np.median) -> tuple[flo
 def prepare_comm_views(store_or_con):
     """A connection with the analysis views the replay needs (clock_offsets, collectives and the
     modules before it), loaded once: far cheaper than every analysis module (``analyses.prepare``)."""
-    from ..analyses import MODULES, PARAMETERS, _connect, _sql
-    con = _connect(store_or_con)
+    from ..analyses import MODULES, PARAMETERS, _sql, connect
+    con = connect(store_or_con)
     have = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE temporary").fetchall()}
     if not {"clock_offsets", "collective_instances"} <= have:
         for key, (default, _) in PARAMETERS.items():

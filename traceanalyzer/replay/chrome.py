@@ -12,7 +12,7 @@ import json
 import numpy as np
 import pandas as pd
 
-from .graph import KIND_NAMES, KERNEL, OP, POST, Graph
+from .graph import KERNEL, KIND_NAMES, OP, POST, Graph
 from .simulate import Schedule
 
 

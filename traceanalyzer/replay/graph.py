@@ -33,7 +33,6 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .._memory import array_workspace
 from ..errors import TraceAnalyzerError
 from ._jit import join_kernel, repair_kernel, warm_up
 
@@ -89,8 +88,8 @@ PIPELINE_VIEWS = ("clock_offsets", "step_alignment", "pipelines")
 
 def build_graph(store_or_con, run: str | None = None) -> Graph:
     """Build the replay graph of one run from a store (all ranks)."""
-    from ..analyses import _connect, _sql, prepare
-    con = _connect(store_or_con)
+    from ..analyses import _sql, connect, prepare
+    con = connect(store_or_con)
     # the graph needs the clock offsets (clock_offsets.sql: a query over comms and ranks, bound in
     # milliseconds) and, for a pipeline, its stages. Binding every analysis view costs seconds on a
     # big store, so a pipeline binds only PIPELINE_VIEWS, and a connection that has them is used as it is
@@ -98,8 +97,7 @@ def build_graph(store_or_con, run: str | None = None) -> Graph:
     if not {"clock_offsets", "clock_alignment"} <= have:
         con.execute(_sql("clock_offsets"))
     run = resolve_run(con, run, "replay")
-    with array_workspace():
-        g = _Builder(con, run).build()
+    g = _Builder(con, run).build()
     g.source = con
     g.stages = pd.DataFrame({"rank": np.zeros(0, np.int32), "stage": np.zeros(0, np.int64)})
     if "pipeline_stages" not in have:
@@ -114,14 +112,6 @@ def build_graph(store_or_con, run: str | None = None) -> Graph:
     except Exception:  # noqa: BLE001 - no pipeline views: not a pipeline
         g.stages = None
     return g
-
-
-def _page_faults() -> int:
-    try:
-        import resource
-    except ImportError:      # not Unix
-        return 0
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 def resolve_run(con, run: str | None, who: str) -> str:
@@ -216,7 +206,7 @@ def _bool_col(t, name) -> np.ndarray:
 
 def _np(col) -> np.ndarray:
     """A chunked Arrow column (no nulls) as one numpy array, concatenated by numpy from zero-copy
-    views of the chunks: the array lives in the process heap, which array_workspace reuses, where
+    views of the chunks: the array lives in the process heap, where
     ChunkedArray.to_numpy allocates from Arrow's pool and faults fresh pages in (0.1 s per column
     of 5 M events on the VM of benchmarks/RESULTS.md)."""
     chunks = [c.to_numpy(zero_copy_only=False) for c in col.chunks]
@@ -511,26 +501,24 @@ class _Builder:
 
     def build(self) -> Graph:
         import time
-        t0, f0 = time.perf_counter(), _page_faults()
+        t0 = time.perf_counter()
         warm_up()
         self.load()
         t1 = time.perf_counter()
-        phases, faults = {}, {"load": _page_faults() - f0}
+        phases = {}
         self._drop("load")
         for step in (self._plan_comm, self._cpu_cut_points, self._make_cpu_lanes, self._make_queue_lanes,
                      self._make_edges, self._finish):
-            t, f = time.perf_counter(), _page_faults()
+            t = time.perf_counter()
             g = step()                  # the last one, _finish, returns the Graph
             self._drop(step.__name__)
             name = step.__name__.strip("_")
-            phases[name], faults[name] = round(time.perf_counter() - t, 3), _page_faults() - f
-        # page faults (fresh memory touched; Unix only, else 0) per step: on a VM each can cost 3-25 us
-        g.stats.update(load_s=t1 - t0, build_s=time.perf_counter() - t1, phases_s=phases, page_faults=faults)
+            phases[name] = round(time.perf_counter() - t, 3)
+        g.stats.update(load_s=t1 - t0, build_s=time.perf_counter() - t1, phases_s=phases)
         return g
 
-    #: the arrays each step uses last: freed right after it, so that the later steps' arrays reuse
-    #: their memory (_memory.array_workspace keeps freed memory in the process) instead of faulting
-    #: in fresh pages: a quarter of the build's page faults
+    #: the arrays each step uses last: freed right after it, so that the build's peak memory stays
+    #: below the sum of all its arrays
     _LAST_USE = {"load": ("e_tid",), "_cpu_cut_points": ("e_name_local",),
                  "_make_cpu_lanes": ("e_dur", "e_nested", "cut_t", "cut_thr"),
                  "_make_queue_lanes": ("thr_order", "cpu_cols"),

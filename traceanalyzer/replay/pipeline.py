@@ -176,8 +176,8 @@ class StageCosts:
 
 def stage_costs(store_or_con, run: str | None = None) -> StageCosts:
     """Measure a pipeline run's per-micro-batch stage costs (see the module docstring)."""
-    from ..analyses import _connect, prepare
-    con = _connect(store_or_con)
+    from ..analyses import connect, prepare
+    con = connect(store_or_con)
     # the analyses' views (pipeline_shape, pipeline_stages, clock_offsets): only their modules are
     # bound, and a connection that has them (an earlier call, the analyses) keeps them
     if not con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name IN ('pipeline_stages', 'clock_offsets')").fetchone()[0] == 2:

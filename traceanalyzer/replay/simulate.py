@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .._memory import array_workspace, small_pages
 from ._jit import sweep_kernel
 from .graph import NO_REL, Graph
 
@@ -31,10 +30,6 @@ class Simulator:
     """Precomputes the segment structure of a graph once; ``run(dur)`` replays any durations."""
 
     def __init__(self, graph: Graph):
-        with array_workspace():
-            self._setup(graph)
-
-    def _setup(self, graph: Graph):
         g = graph
         n = g.n
         if len(g.src):
@@ -68,10 +63,6 @@ class Simulator:
         return len(self.heads)
 
     def run(self, dur: np.ndarray | None = None) -> Schedule:
-        with small_pages():
-            return self._run(dur)
-
-    def _run(self, dur):
         g = self.graph
         dur = g.dur if dur is None else np.asarray(dur, dtype=np.int64)
         cs = np.cumsum(dur)

@@ -17,8 +17,8 @@ import pandas as pd
 
 from .build import Report, RunReport
 from .findings import ms
-from .whatif import replay_note
 from .metrics import METRICS
+from .whatif import replay_note
 
 _SCRIPT = """
 window.addEventListener('load', function () {

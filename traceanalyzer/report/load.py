@@ -41,7 +41,7 @@ def store_runs(con) -> list[str]:
 
 
 def _saved(store: Path) -> dict:
-    from ..store import read_manifest
+    from ..store.files import read_manifest
     return read_manifest(store).extra.get("results", {})
 
 
@@ -112,8 +112,8 @@ def pipeline_idle(con, run: str, params: dict) -> pd.DataFrame:
 
 def open_runs(store: str | os.PathLike, run: str | None, progress=None):
     """Open ``store``, check ``run``, make sure its results are saved; returns (con, runs)."""
-    from ..store import open_store
-    con = open_store(store)
+    from ..analyses import connect
+    con = connect(store)
     runs_all = store_runs(con)
     if not runs_all:
         con.close()
@@ -125,5 +125,5 @@ def open_runs(store: str | os.PathLike, run: str | None, progress=None):
     if missing_results(store, runs):
         con.close()
         ensure_results(store, runs, runs_all, progress)
-        con = open_store(store)  # the result views are created when the store is opened
+        con = connect(store)  # the result views are created when the store is opened
     return con, runs

@@ -52,8 +52,12 @@ import argparse
 
 import torch
 import torch.distributed as dist
-from torch.distributed.pipelining import (PipelineStage, Schedule1F1B, ScheduleGPipe,
-                                          ScheduleInterleaved1F1B)
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+)
 
 from traceanalyzer import collect
 from traceanalyzer.workloads import common, models

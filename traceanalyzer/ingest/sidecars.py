@@ -5,7 +5,7 @@ recursively; a file named on the command line is classified the same way):
 
 | kind | files | table(s) |
 |---|---|---|
-| ``flight_recorder`` | ``rank{R}.fr.json`` (the collector's), ``rank{R}.fr.pkl``, torch's ``nccl_trace_rank_{R}`` (JSON or pickle; pickles through :mod:`traceanalyzer.safe_pickle`) | ``fr_dumps``, ``fr_entries`` |
+| ``flight_recorder`` | ``rank{R}.fr.json`` (the collector's), ``rank{R}.fr.pkl``, torch's ``nccl_trace_rank_{R}`` (JSON or pickle; pickles through :mod:`traceanalyzer.ingest.safe_pickle`) | ``fr_dumps``, ``fr_entries`` |
 | ``nccl_log`` | ``*.nccl.log``, ``*.nccl.txt``, ``nccl_debug*.log/.txt`` (``.gz`` too), any ``.log``/``.txt`` whose first 64 KiB hold ``NCCL INFO`` lines, and every ``--nccl-log`` file | ``nccl_log_ops`` |
 | ``nccl_inspector`` | ``*.log``/``*.jsonl`` whose first line is an Inspector record (``<host>-pid<pid>.log``) | ``nccl_inspector_ops`` |
 | ``nccl_profiler`` | ``*.txt`` that start with ``[`` and a Chrome-trace event (``<prefix>-<host>-<tid>.txt``) | ``nccl_profiler_events`` |
@@ -23,9 +23,9 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import schema as S
-from . import store as st
-from .errors import TraceInputError
+from .. import schema as S
+from ..errors import TraceInputError
+from ..store import files as st
 
 SNIFF_BYTES = 64 * 1024
 _TEXT_SUFFIXES = (".log", ".txt", ".jsonl", ".log.gz", ".txt.gz", ".jsonl.gz")
@@ -85,8 +85,8 @@ def classify(paths: list[Path], nccl_logs: list[Path] = ()) -> tuple[list[Path],
 
 def _kind(path: Path, explicit: bool) -> str | None:
     from .flight_recorder import is_fr_name
-    from .nccl_logs import NAME_RE, looks_like_nccl_log
-    from .nccl_plugins import looks_like_inspector, looks_like_profiler_dump
+    from .nccl.logs import NAME_RE, looks_like_nccl_log
+    from .nccl.plugins import looks_like_inspector, looks_like_profiler_dump
     if is_fr_name(path):
         return "flight_recorder"
     if not path.name.endswith(_TEXT_SUFFIXES):
@@ -119,8 +119,8 @@ def _head(path: Path) -> str:
 
 def parse(sc: Sidecar, rank_arg: int | None, staging: Path) -> SidecarSummary:
     """Parse one input and stage its tables (parquet files under ``staging``)."""
-    from .nccl_logs import rank_from_name, read_nccl_log
-    from .nccl_plugins import read_inspector, read_profiler_dump
+    from .nccl.logs import rank_from_name, read_nccl_log
+    from .nccl.plugins import read_inspector, read_profiler_dump
     if sc.kind == "flight_recorder":
         from .flight_recorder import fr_tables, read_fr_dump
         dump = read_fr_dump(sc.path)
@@ -213,7 +213,7 @@ def check_rank_manifest(trace_path: str | Path, rank: int, rank_source: str) -> 
     """The collector's ``rank{R}.manifest.json`` says which traces rank R wrote; a trace whose own
     rank disagrees is refused (a renamed or mixed-up file would join the wrong rank's data)."""
     trace_path = Path(trace_path)
-    from .nccl_logs import rank_from_name
+    from .nccl.logs import rank_from_name
     named = rank_from_name(trace_path)
     for m in sorted(trace_path.parent.glob("rank*.manifest.json")):
         try:

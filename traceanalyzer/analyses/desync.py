@@ -31,8 +31,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from .errors import TraceAnalyzerError, TraceInputError
-from .ingest import format_ranges
+from ..errors import TraceAnalyzerError, TraceInputError
+from ..ingest.batch import format_ranges
 
 #: Ops whose input sizes may differ between ranks for a correct call (uneven splits, roots).
 SIZES_MAY_DIFFER = {"all_to_all", "gather", "scatter", "coalesced", "send", "recv", "send_recv", None}
@@ -89,9 +89,9 @@ def diagnose(paths_or_store, run: str | None = None) -> Diagnosis:
 # -- inputs ------------------------------------------------------------------------------------
 
 def _from_files(paths: list[Path]) -> tuple[list[RankDump], dict, int | None]:
-    from .flight_recorder import read_fr_dump
-    from .nccl_logs import rank_from_name
-    from .sidecars import classify
+    from ..ingest.flight_recorder import read_fr_dump
+    from ..ingest.nccl.logs import rank_from_name
+    from ..ingest.sidecars import classify
     for p in paths:
         if not p.exists():
             raise TraceInputError(p, "no such file or folder")
@@ -136,8 +136,8 @@ def _manifest_hints(folders) -> tuple[dict, int | None]:
 
 
 def _from_store(store: Path, run: str | None) -> tuple[list[RankDump], dict, int | None]:
-    from .store import open_store
-    con = open_store(store)
+    from . import connect
+    con = connect(store)
     runs = [r for (r,) in con.execute("SELECT DISTINCT run FROM fr_dumps ORDER BY run").fetchall()]
     if not runs:
         raise TraceAnalyzerError(f"{store}: no Flight Recorder dumps in this store (ingest the rank{{R}}.fr.json files)")
@@ -234,7 +234,7 @@ def _signature(e: dict) -> tuple:
 
 
 def _op(e: dict) -> str | None:
-    from .comms import normalize_op
+    from ..ingest.ops import normalize_op
     return normalize_op(e["profiling_name"].split(" ")[0]) if e.get("profiling_name") else None
 
 

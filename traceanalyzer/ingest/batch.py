@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from . import schema as S
-from . import store as st
-from .errors import TraceAnalyzerError, TraceInputError
+from .. import schema as S
+from ..errors import TraceAnalyzerError, TraceInputError
+from ..store import files as st
 from .flight_recorder import sidecar_path
 
 #: Below this much input (compressed bytes on disk) and without an explicit --workers, files are
@@ -55,7 +55,7 @@ class IngestReport:
     run: str
     traces: list[TraceSummary] = field(default_factory=list)
     seconds: float = 0.0
-    #: per-process inputs (FR dumps, NCCL logs, ...): :class:`~traceanalyzer.sidecars.SidecarSummary`
+    #: per-process inputs (FR dumps, NCCL logs, ...): :class:`~traceanalyzer.ingest.sidecars.SidecarSummary`
     sidecars: list = field(default_factory=list)
     sidecars_already_in_store: int = 0
 
@@ -183,7 +183,7 @@ def ingest(paths, store, run: str | None = None, rank: int | None = None, worker
     """Parse trace files (or folders of them) into ``store``; returns an :class:`IngestReport`.
 
     Per-process inputs found among ``paths`` (Flight Recorder dumps, NCCL debug logs, NCCL
-    Inspector / profiler plugin output; see :mod:`traceanalyzer.sidecars`) are ingested too, and
+    Inspector / profiler plugin output; see :mod:`traceanalyzer.ingest.sidecars`) are ingested too, and
     ``nccl_logs`` names NCCL debug logs whatever their file names.
     ``rank`` is used only for files whose trace has no ``distributedInfo.rank``. Raises
     :class:`~traceanalyzer.errors.TraceInputError` or :class:`~traceanalyzer.errors.StoreError`
@@ -241,7 +241,7 @@ def _parse_all(files: list[Path], rank: int | None, staging: Path, workers: int 
                 break
     else:
         ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["traceanalyzer.ingest", "traceanalyzer.comms", "traceanalyzer.kineto.build"])
+        ctx.set_forkserver_preload(["traceanalyzer.ingest.batch", "traceanalyzer.ingest.comms", "traceanalyzer.ingest.kineto.build"])
         with ProcessPoolExecutor(n_workers, mp_context=ctx, max_tasks_per_child=1,
                                  initializer=_worker_init) as pool:
             futures = {pool.submit(_parse_one, str(f), rank, str(staging)): f for f in files}

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from .errors import TraceAnalyzerError
+from ..errors import TraceAnalyzerError
 
 #: Kinds of events compared as operators: the work a rank does itself (communication executions
 #: are compared as collectives, where waiting can be told apart from transfer).
@@ -232,11 +232,10 @@ def compare(a: RunProfile, b: RunProfile, min_impact_ns: float = MIN_IMPACT_NS) 
 def diff_runs(store_a: str | os.PathLike, store_b: str | os.PathLike | None = None, run_a: str | None = None,
               run_b: str | None = None, min_impact_ns: float = MIN_IMPACT_NS) -> Diff:
     """Compare run ``run_a`` of ``store_a`` with ``run_b`` of ``store_b`` (default: the same store)."""
-    from .analyses import prepare
-    from .store import open_store
+    from . import connect, prepare
     same = store_b is None or os.path.abspath(store_b) == os.path.abspath(store_a)
-    con_a = open_store(store_a)
-    con_b = con_a if same else open_store(store_b)
+    con_a = connect(store_a)
+    con_b = con_a if same else connect(store_b)
     try:
         ra = _pick(con_a, store_a, run_a, "a")
         rb = _pick(con_b, store_b or store_a, run_b, "b")

@@ -9,13 +9,13 @@ import argparse
 import sys
 import traceback
 
-from . import __version__
-from . import schema as S
-from .errors import TraceAnalyzerError
+from .. import __version__
+from .. import schema as S
+from ..errors import TraceAnalyzerError
 
 
 def _cmd_ingest(args) -> int:
-    from .ingest import ingest
+    from ..ingest.batch import ingest
     report = ingest(args.paths or [], args.store, run=args.run, rank=args.rank, workers=args.workers,
                     progress=not args.quiet, nccl_logs=args.nccl_log or [])
     print(report.summary())
@@ -23,7 +23,7 @@ def _cmd_ingest(args) -> int:
 
 
 def _cmd_desync(args) -> int:
-    from .desync import diagnose
+    from ..analyses.desync import diagnose
     d = diagnose(args.paths, run=args.run)
     if args.json:
         print(d.findings.to_json(orient="records", indent=1, default_handler=str))
@@ -33,7 +33,7 @@ def _cmd_desync(args) -> int:
 
 
 def _cmd_info(args) -> int:
-    from .summary import format_info, info
+    from ..analyses.summary import format_info, info
     df = info(args.store)
     if args.json:
         print(df.to_json(orient="records", indent=1))
@@ -45,8 +45,8 @@ def _cmd_info(args) -> int:
 def _cmd_sql(args) -> int:
     import duckdb
 
-    from .store import open_store
-    con = open_store(args.store)
+    from ..analyses import connect
+    con = connect(args.store)
     try:
         df = con.sql(args.query).df()
     except duckdb.Error as exc:
@@ -63,7 +63,7 @@ def _cmd_sql(args) -> int:
 
 
 def _cmd_analyze(args) -> int:
-    from .analyses.results import analyze, format_text, to_json
+    from ..analyses.results import analyze, format_text, to_json
     params = _parse_params(args.set or [])
     only = [x.strip() for x in args.only.split(",")] if args.only else None
     results = analyze(args.store, run=args.run, only=only, save_results=not args.no_save, **params)
@@ -72,7 +72,7 @@ def _cmd_analyze(args) -> int:
 
 
 def _parse_params(items: list[str]) -> dict:
-    from .analyses import PARAMETERS
+    from ..analyses import PARAMETERS
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
@@ -87,14 +87,14 @@ def _parse_params(items: list[str]) -> dict:
 
 
 def _cmd_schema(args) -> int:
-    from .schema import describe
+    from ..schema import describe
     print(describe())
     return 0
 
 
 def _cmd_report(args) -> int:
-    from . import report as rp
-    from .report.findings import ms
+    from .. import report as rp
+    from ..report.findings import ms
     rules = rp.parse_fail_on(args.fail_on or [])  # bad rules fail before any work
     fmt = rp.format_for(args.output or "", args.format)
     out = args.output or f"report.{fmt}"
@@ -114,14 +114,14 @@ def _cmd_report(args) -> int:
 
 
 def _cmd_diff(args) -> int:
-    from .diff import diff_runs
+    from ..analyses.diff import diff_runs
     d = diff_runs(args.store_a, args.store_b, run_a=args.run_a, run_b=args.run_b)
     print(d.to_json() if args.json else d.text(top=args.top))
     return 0
 
 
 def _cmd_export(args) -> int:
-    from .export import export_trace, write_trace
+    from ..export.trace import export_trace, write_trace
     if args.rank is None and not args.all_ranks:
         raise TraceAnalyzerError("export: give --rank K or --all-ranks")
     doc = export_trace(args.store, run=args.run, rank=None if args.all_ranks else args.rank,
@@ -134,7 +134,7 @@ def _cmd_export(args) -> int:
 
 
 def _cmd_replay(args) -> int:
-    from . import replay as rp
+    from .. import replay as rp
     plan = rp.load_plan(args.plan)  # a bad plan fails before any work
     structural = plan["actions"][0]["action"] in rp.STRUCTURAL
     if structural:
@@ -144,11 +144,9 @@ def _cmd_replay(args) -> int:
               f"(the recorded settings through the same model) median {100 * res.identity_error['median']:.2f}%, "
               f"P90 {100 * res.identity_error['p90']:.2f}% over {res.identity_error['n']} rank-steps")
     else:
-        from ._memory import array_workspace
-        with array_workspace():     # one workspace: set-up and replays reuse the build's freed memory
-            g = rp.build_graph(args.store, run=args.run)
-            sim = rp.Simulator(g)
-            res = rp.what_if(g, plan, sim=sim)
+        g = rp.build_graph(args.store, run=args.run)
+        sim = rp.Simulator(g)
+        res = rp.what_if(g, plan, sim=sim)
         run = g.run
         e = res.identity_error
         print(f"run '{g.run}', plan '{plan['name']}': {g.n:,} nodes, {len(g.src):,} edges; identity-replay error "
@@ -179,7 +177,7 @@ def _cmd_replay(args) -> int:
     if args.chrome_trace:
         import json
 
-        from .replay.chrome import timeline_chrome, write_chrome_trace
+        from ..replay.chrome import timeline_chrome, write_chrome_trace
         if structural:
             doc = timeline_chrome(res.timeline, run, name=plan["name"])
             with open(args.chrome_trace, "w") as fh:
@@ -236,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-rows", type=int, default=200)
     s.set_defaults(func=_cmd_sql)
 
-    from .analyses import PARAMETERS
+    from ..analyses import PARAMETERS
     s = sub.add_parser("analyze", help="run the analyses (stragglers, overlap, imbalance, breakdowns, ...) and save them in the store",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="parameters (--set NAME=VALUE):\n" + "\n".join(
@@ -260,11 +258,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--format", choices=("html", "md", "json"), help="default: from the output's extension, else html")
     s.add_argument("--no-replay", action="store_true",
                    help="value rank findings by the analyses' estimates only (no what-if replay)")
-    from .report.whatif import REPLAY_MAX_EVENTS
+    from ..report.whatif import REPLAY_MAX_EVENTS
     s.add_argument("--replay-max-events", type=int, default=REPLAY_MAX_EVENTS, metavar="N",
                    help=f"replay runs of at most N stored events (default {REPLAY_MAX_EVENTS:,}; building the "
                         f"replay graph costs about 0.3 s per million events)")
-    from .report.metrics import METRICS
+    from ..report.metrics import METRICS
     s.add_argument("--fail-on", action="extend", nargs="+", metavar="KEY>VALUE",
                    help="exit 1 with a one-line reason when a metric crosses a threshold (quote it for the shell: "
                         "'slowdown_pct>10'); also >=, <, <=, ==. Keys: " + ", ".join(METRICS))

@@ -33,9 +33,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from . import schema as S
-from .errors import TraceInputError
-from .nccl_logs import NcclLog, rank_from_name
+from ... import schema as S
+from ...errors import TraceInputError
+from .logs import NcclLog, rank_from_name
 
 INSPECTOR_NAME_RE = re.compile(r"-pid\d+\.(log|jsonl)(\.gz)?$")
 PROFILER_NAME_RE = re.compile(r"-\d+\.txt$")
@@ -119,7 +119,7 @@ def read_inspector(path: str | Path, rank: int | None = None) -> NcclLog:
 
 
 def _inspector_row(path: Path, kind: str, b: dict, h: dict, m: dict) -> dict:
-    from .comms import normalize_op
+    from ..ops import normalize_op
     op = b.get(kind)
     exec_us = _num(b.get(f"{kind}_exec_time_us"), float)
     dump_us = _num(m.get("dump_timestamp_us"))
@@ -194,7 +194,7 @@ def _parse_event(line: str) -> dict | None:
 
 
 def _profiler_row(path: Path, ev: dict) -> dict:
-    from .comms import normalize_op
+    from ..ops import normalize_op
     args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
     ts = _num(ev.get("ts"), float)
     cat = ev.get("cat")

@@ -18,7 +18,7 @@ import io
 import pickle
 from pathlib import Path
 
-from .errors import TraceInputError
+from ..errors import TraceInputError
 
 #: Values a plain-data pickle may hold.
 PLAIN_SCALARS = (str, int, float, bool, type(None), bytes)

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import pandas as pd
 import pyarrow as pa
 
-from . import schema as S
+from .. import schema as S
 
 #: ops NCCL runs as collectives; the profiler's barrier is an NCCL AllReduce of one element
 NCCL_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
@@ -417,7 +417,7 @@ def _create(con, name: str, table: pa.Table) -> None:
 
 def comm_map(store, **params) -> pd.DataFrame:
     """``nccl_comm_map`` of ``store`` computed with other thresholds (``JoinParams`` fields)."""
-    from .store import open_store
+    from ..store import open_store
     con = open_store(store)
     mapping, _ = compute(con, JoinParams(**params))
     return mapping

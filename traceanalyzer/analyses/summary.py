@@ -5,7 +5,7 @@ import os
 
 import pandas as pd
 
-from .store import open_store
+from ..store import open_store
 
 _PER_RANK = """
 WITH ev AS (

@@ -19,7 +19,7 @@ When the file is the job's combined output (torch logging to the same stream), P
 ``NCCLComm::repr()`` prints the ``ncclComm_t`` pointer, the same one NCCL prints as ``comm %p``) is
 read too: its log prefix names the process group, ``[PG ID 0 PG GUID 0(default_pg) Rank 0] `` in
 torch 2.3+, ``[PG 0 (default_pg) Rank 0] `` before. That is direct evidence of which process group
-a communicator serves (``torch_pg_name``, used by :mod:`traceanalyzer.nccl_join`).
+a communicator serves (``torch_pg_name``, used by :mod:`traceanalyzer.analyses.nccl_join`).
 
 Lines that are not NCCL log lines, and NCCL op lines that do not parse, are skipped and counted
 (``garbage_lines``, ``malformed_op_lines``); other NCCL lines (INIT, NET, ...) are ignored, and so
@@ -34,8 +34,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from . import schema as S
-from .errors import TraceInputError
+from ... import schema as S
+from ...errors import TraceInputError
 
 #: ncclDataType_t codes (nccl.h): 0..9 since NCCL 2.10 (bfloat16), fp8 codes since 2.19.
 DATATYPES = {0: ("int8", 1), 1: ("uint8", 1), 2: ("int32", 4), 3: ("uint32", 4), 4: ("int64", 8),
@@ -158,5 +158,5 @@ def read_nccl_log(path: str | Path, rank: int | None = None) -> NcclLog:
 
 
 def _normalize(nccl_op: str) -> str:
-    from .comms import normalize_op
+    from ..ops import normalize_op
     return normalize_op(nccl_op) or nccl_op.lower()

@@ -28,8 +28,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from . import __version__
-from .errors import TraceAnalyzerError
+from .. import __version__
+from ..errors import TraceAnalyzerError
+from .timefmt import ns_from_us as _ns
+from .timefmt import us_from_ns as _us
 
 #: Synthetic pids: rank K's processes are K * PID_STRIDE + i; its findings are K * PID_STRIDE + OVERLAY_PID.
 PID_STRIDE = 1000
@@ -39,17 +41,7 @@ NS_PER_S = 1_000_000_000
 _OVERLAY_TRACKS = ("pipeline bubbles", "exposed communication", "waiting for a late peer", "critical path")
 
 
-def _us(ns: int) -> Decimal:
-    """Nanoseconds as exact microseconds with three decimals."""
-    sign, ns = ("-", -ns) if ns < 0 else ("", ns)
-    return Decimal(f"{sign}{ns // 1000}.{ns % 1000:03d}")
-
-
 # -- nesting -------------------------------------------------------------------------------------
-
-def _ns(v) -> int:
-    return int((Decimal(str(v)) * 1000).to_integral_value())
-
 
 def validate_nesting(trace: dict) -> list[str]:
     """Perfetto's rule for complete events, per track (pid, tid): taken in timestamp order (file
@@ -115,8 +107,8 @@ def _resolve(con, store, run, rank) -> tuple[str, list[int]]:
 
 def _overlays(con, run: str, ranks: list[int]) -> pd.DataFrame:
     """Findings as intervals on each rank's (clock-aligned) time: rank, track, name, lo_ns, hi_ns, args."""
-    from .analyses import prepare
-    from .analyses.critical_path import critical_path
+    from ..analyses import prepare
+    from ..analyses.critical_path import critical_path
     prepare(con)
     args = {"run": run, "ranks": ranks}
     parts = []
@@ -170,8 +162,8 @@ def export_trace(store: str | os.PathLike, run: str | None = None, rank: int | N
     overlays, last arriver -> waiters of each collective. With ``replay_plan`` (a duration plan:
     dict or JSON path, see ``replay.plans``), each exported rank also gets the replay's predicted
     timeline as its own process beside the measured one (``add_replay``)."""
-    from .store import open_store
-    con = open_store(store)
+    from ..analyses import connect
+    con = connect(store)
     try:
         run, ranks = _resolve(con, store, run, rank)
         q = {"run": run, "ranks": ranks}
@@ -186,7 +178,7 @@ def export_trace(store: str | os.PathLike, run: str | None = None, rank: int | N
         ov = _overlays(con, run, ranks) if overlays else pd.DataFrame(columns=["rank", "track", "name", "lo_ns", "hi_ns", "args"])
         arrows = wait_src = None
         if flows:
-            from . import export_flows as xf
+            from . import flows as xf
             arrows = pd.concat([xf.stored_flows(con, run, ranks), xf.p2p_flows(con, run, ranks)], ignore_index=True)
             wait_src = xf.wait_sources(con, run, ranks) if overlays else None
     finally:
@@ -206,8 +198,8 @@ def add_replay(doc: dict, store, plan) -> int:
     one process per rank ("rank R: predicted (plan)"), one track per replay lane (CPU thread, GPU
     stream, gloo runloop), on the same clock as the measured events. Lanes are FIFO in the replay,
     so the tracks nest. Returns the number of slices added."""
-    from . import replay
-    from .replay.graph import KERNEL, OP, POST
+    from .. import replay
+    from ..replay.graph import KERNEL, OP, POST
     plan = replay.load_plan(plan)
     if plan["actions"][0]["action"] in replay.STRUCTURAL:
         raise TraceAnalyzerError(f"export: plan '{plan['name']}' regenerates the step ({plan['actions'][0]['action']}); "
@@ -294,7 +286,7 @@ def _assemble(run, ranks, ev, threads, info, ov, store, arrows=None, wait_src=No
                 out.append(e)
         out += _overlay_events(rank, ov[ov["rank"] == rank], base, meta, waits)
     if arrows is not None:
-        from .export_flows import flow_events, wait_flow_events
+        from .flows import flow_events, wait_flow_events
         fl = flow_events(arrows, slots, base)
         out += fl
         if wait_src is not None:

@@ -17,7 +17,7 @@ from typing import Any, Iterator
 
 import msgspec
 
-from ..errors import TraceInputError
+from ...errors import TraceInputError
 
 #: Events decoded per chunk: large enough to amortise call overhead, small enough to bound memory.
 CHUNK_EVENTS = 10_000

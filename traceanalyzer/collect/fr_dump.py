@@ -31,7 +31,7 @@ def _plain_dumps(c10d) -> list[tuple[str, dict]]:
     """This process's FR buffers as plain dicts: NCCL's own recorder (CUDA builds,
     ``_dump_nccl_trace``) and the device-agnostic one that gloo uses (``_dump_fr_trace``).
     Both pickles carry the entries' stack frames."""
-    from traceanalyzer.safe_pickle import load_plain
+    from traceanalyzer.ingest.safe_pickle import load_plain
 
     docs = []
     for name in ("_dump_nccl_trace", "_dump_fr_trace"):

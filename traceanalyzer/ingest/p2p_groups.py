@@ -21,7 +21,7 @@ from collections import Counter, defaultdict
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from . import schema as S
+from .. import schema as S
 
 
 def resolve(summaries) -> int:

@@ -1,6 +1,6 @@
 """Turn one decoded trace into the canonical per-rank tables (events, threads, flows, steps,
 process groups, and the rank's own row). Communication is normalised separately
-(:mod:`traceanalyzer.comms`) from the events table built here.
+(:mod:`traceanalyzer.ingest.comms`) from the events table built here.
 """
 from __future__ import annotations
 
@@ -11,17 +11,16 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import schema as S
-from ..errors import TraceInputError
+from ... import schema as S
+from ...errors import TraceInputError
 from .classify import STEP_RE, classify
 from .reader import Event, RawTrace
 from .timeparse import us_text_to_ns
-
-import msgspec
 
 _FILE_RANK_RE = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 

@@ -21,6 +21,8 @@ from decimal import Decimal
 
 import pandas as pd
 
+from .timefmt import ns_from_us, us_from_ns
+
 #: Flow categories of the arrows made here (the stored ones keep their trace category).
 P2P_CAT = "p2p"
 WAIT_CAT = "collective wait"
@@ -73,8 +75,7 @@ def wait_sources(con, run: str, ranks: list[int]) -> pd.DataFrame:
 
 
 def _us(ns: int, base: int) -> Decimal:
-    from .export import _us as us
-    return us(int(ns) - base)
+    return us_from_ns(int(ns) - base)
 
 
 def flow_events(arrows: pd.DataFrame, slots: dict, base: int, first_id: int = 1) -> list[dict]:
@@ -115,13 +116,12 @@ def wait_flow_events(sources: pd.DataFrame, waits: dict, slots: dict, base: int,
 def validate_flows(trace: dict) -> list[str]:
     """Every flow id has exactly one 's' and one 'f' of the same category, each inside a complete
     slice of its own track (pid, tid). Returns one line per problem (empty: valid)."""
-    from .export import _ns
     spans: dict[tuple, list[tuple[int, int]]] = {}
     ends: dict[tuple, list[dict]] = {}
     for e in trace.get("traceEvents", []):
         if e.get("ph") == "X":
-            lo = _ns(e["ts"])
-            spans.setdefault((e.get("pid"), e.get("tid")), []).append((lo, lo + _ns(e.get("dur", 0))))
+            lo = ns_from_us(e["ts"])
+            spans.setdefault((e.get("pid"), e.get("tid")), []).append((lo, lo + ns_from_us(e.get("dur", 0))))
         elif e.get("ph") in ("s", "t", "f"):
             ends.setdefault((e.get("cat"), e.get("id")), []).append(e)
     bad = []
@@ -130,7 +130,7 @@ def validate_flows(trace: dict) -> list[str]:
         if phs != ["f", "s"]:
             bad.append(f"flow {key}: endpoints {phs}, expected one 's' and one 'f'")
         for e in evs:
-            ts = _ns(e["ts"])
+            ts = ns_from_us(e["ts"])
             if not any(lo <= ts < max(hi, lo + 1) for lo, hi in spans.get((e.get("pid"), e.get("tid")), [])):
                 bad.append(f"flow {key}: '{e['ph']}' at {ts} ns on track ({e.get('pid')}, {e.get('tid')}) "
                            f"is inside no slice of that track")

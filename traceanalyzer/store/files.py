@@ -24,9 +24,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from . import __version__
-from . import schema as S
-from .errors import StoreError
+from .. import __version__
+from .. import schema as S
+from ..errors import StoreError
 
 MANIFEST = "_store.json"
 LOCK = "_store.lock"
@@ -176,7 +176,7 @@ def _sql_list(paths: list[str]) -> str:
 def open_store(store: str | os.PathLike, read_only_db: str | None = None):
     """A DuckDB connection with one view per canonical table (plus ``runs``) over the store, the
     ``comms_fr`` and ``comms_nccl`` views, and the ``nccl_comm_map`` table (computed here, in memory,
-    by :mod:`traceanalyzer.nccl_join` when the store holds NCCL logs or plugin output)."""
+    by :mod:`traceanalyzer.analyses.nccl_join` when the store holds NCCL logs or plugin output)."""
     import duckdb  # imported here: ingest workers never need it
     store = Path(store)
     if not (store / MANIFEST).exists():
@@ -198,8 +198,6 @@ def open_store(store: str | os.PathLike, read_only_db: str | None = None):
                any_value(backend) AS backend, min(start_ts_ns) AS start_ts_ns, max(end_ts_ns) AS end_ts_ns
         FROM ranks GROUP BY run""")
     con.execute(_COMMS_FR)
-    from .nccl_join import register  # nccl_comm_map + comms_nccl: NCCL communicators matched to process groups
-    register(con)
     _result_views(con, store, manifest)
     return con
 

@@ -8,7 +8,7 @@ Formats (torch 2.13, ``torch/csrc/distributed/c10d/FlightRecorderDetail.hpp``, v
   start/complete time is 0; ``process_group`` is a [name, desc] list; pg_status values are text.
 * ``_dump_fr_trace()``: a pickle of the same dict, *with* ``frames`` (a list of {name, filename,
   line}, innermost first), ``None`` for a missing time, a (name, desc) tuple, int pg_status.
-  It is read only through :mod:`traceanalyzer.safe_pickle` (nothing in it can run).
+  It is read only through :mod:`traceanalyzer.ingest.safe_pickle` (nothing in it can run).
 * The collector's ``rank{R}.fr.json`` is that pickle converted to JSON in the dumping process.
 
 gloo dumps carry sequence ids, group names, sizes, ``time_created_ns`` and frames, but no
@@ -32,8 +32,8 @@ from typing import Any
 import msgspec
 import pyarrow as pa
 
-from . import schema as S
-from .errors import TraceInputError
+from .. import schema as S
+from ..errors import TraceInputError
 from .safe_pickle import load_plain
 
 #: File names of FR dumps: the collector's, a pickle beside it, and torch's own default
@@ -217,7 +217,7 @@ def _json(value: Any) -> str | None:
 
 def fr_tables(dump: FrDump) -> dict[str, pa.Table]:
     """The ``fr_dumps`` (one row) and ``fr_entries`` tables of one dump."""
-    from .comms import normalize_op
+    from .ops import normalize_op
     rows = []
     for e in dump.entries:
         row = {k: e[k] for k in ("record_id", "pg_id", "pg_name", "pg_desc", "collective_seq_id", "p2p_seq_id",
