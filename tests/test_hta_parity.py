@@ -85,15 +85,13 @@ def ours(con) -> dict[str, pd.DataFrame]:
         "overlap": analyses.hta_overlap(con),
         "kernel_stats": analyses.hta_kernel_stats(con),
     }
-    # the connection now has the views (each public call reloads every SQL module: seconds)
+    # the connection now has the views (made once, as tables, for the parameters in force)
     out["kernel_type"] = con.sql("SELECT * FROM hta_kernel_type_breakdown").df()
     out["kernel_type_all"] = con.sql("SELECT * FROM hta_kernel_type_all_ranks").df()
     out["gpu_rows"] = con.sql("SELECT run, rank, kernel_type, count(*) AS n FROM hta_kernels GROUP BY ALL").df()
-    con.execute("SET VARIABLE hta_disable_ns_rounding = true")
-    for name, view in (("temporal", "hta_temporal_breakdown"), ("overlap", "hta_overlap"),
-                       ("kernel_type", "hta_kernel_type_breakdown")):
-        out[f"{name}_unrounded"] = con.sql(f"SELECT * FROM {view}").df()
-    con.execute("SET VARIABLE hta_disable_ns_rounding = false")
+    out["temporal_unrounded"] = analyses.hta_temporal_breakdown(con, ns_rounding=False)
+    out["overlap_unrounded"] = analyses.hta_overlap(con, ns_rounding=False)
+    out["kernel_type_unrounded"] = analyses.hta_kernel_type_breakdown(con, ns_rounding=False)
     out["default_overlap"] = analyses.overlap(con)
     out["default_temporal"] = analyses.temporal_breakdown(con, per="rank")
     return out

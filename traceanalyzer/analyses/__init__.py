@@ -1,8 +1,10 @@
 """Analyses as documented DuckDB SQL modules over the canonical views.
 
-Each ``sql/<name>.sql`` file is one concern, readable without Python; this module loads them
-into a connection in dependency order, sets their named parameters (DuckDB variables, documented
-in :data:`PARAMETERS`), and returns their results as DataFrames. All analyses cover every rank.
+Each ``sql/<name>.sql`` file is one concern, readable without Python, and declares the modules it
+reads (:mod:`.modules`); a query binds only the modules its view needs, once per connection. This
+module sets their named parameters (DuckDB variables, documented in :data:`PARAMETERS`) and returns
+their results as DataFrames; :mod:`.registry` lists what each analysis returns. All analyses cover
+every rank.
 
     import traceanalyzer as ta
     from traceanalyzer import analyses
@@ -11,13 +13,12 @@ in :data:`PARAMETERS`), and returns their results as DataFrames. All analyses co
 """
 from __future__ import annotations
 
-from importlib import resources
+import re
 from typing import Any
 
 import pandas as pd
 
-#: SQL modules in dependency order.
-MODULES = ("clock_offsets", "step_alignment", "collectives", "p2p", "phases", "annotations", "stragglers", "activity", "overlap", "breakdown", "imbalance", "gpu", "pipelines", "bubbles", "hta_compat")
+from . import modules as _modules
 
 #: Named parameters of the SQL modules: name -> (default, meaning). Units are in the names.
 PARAMETERS: dict[str, tuple[Any, str]] = {
@@ -37,13 +38,10 @@ PARAMETERS: dict[str, tuple[Any, str]] = {
 }
 
 
-def _sql(name: str) -> str:
-    return resources.files(__package__).joinpath("sql", f"{name}.sql").read_text()
-
-
-def prepare(con, modules=None, **params) -> Any:
-    """Load every SQL module into ``con`` with the given parameters (defaults for the rest);
-    ``modules``: only these (in MODULES order; each must come with the modules it reads)."""
+def prepare(con, modules=None, views=None, **params) -> Any:
+    """Set the analyses' parameters in ``con`` (defaults for the rest) and bind the SQL modules
+    that define ``views`` (or the ``modules`` named; with neither, every module), each with the
+    modules it reads, unless ``con`` has them already."""
     unknown = set(params) - set(PARAMETERS)
     if unknown:
         from ..errors import TraceAnalyzerError
@@ -52,9 +50,22 @@ def prepare(con, modules=None, **params) -> Any:
     for key, (default, _) in PARAMETERS.items():
         value = params.get(key, default)
         con.execute(f"SET VARIABLE {key} = ?", [value])
-    for name in MODULES:
-        if modules is None or name in modules:
-            con.execute(_sql(name))
+    if views is not None:
+        names = _modules.modules_for(views)
+    else:
+        names = list(modules) if modules is not None else sorted(_modules.modules())
+    _modules.bind(con, names)
+    return con
+
+
+def bind_views(con, views) -> Any:
+    """Bind the SQL modules defining ``views`` (and what they read) into ``con`` unless it has them,
+    leaving the parameters already set as they are (the others get their defaults)."""
+    have = {n for (n,) in con.execute("SELECT name FROM duckdb_variables()").fetchall()}
+    for key, (default, _) in PARAMETERS.items():
+        if key not in have:
+            con.execute(f"SET VARIABLE {key} = ?", [default])
+    _modules.bind(con, _modules.modules_for(views))
     return con
 
 
@@ -72,7 +83,8 @@ def connect(store_or_con):
 
 
 def _query(store_or_con, sql: str, run: str | None, params: dict) -> pd.DataFrame:
-    con = prepare(connect(store_or_con), **params)
+    view = re.search(r"FROM (\w+)", sql).group(1)
+    con = prepare(connect(store_or_con), views=[view], **params)
     where = "" if run is None else " WHERE run = $run"
     return con.execute(sql.format(where=where), {"run": run} if run is not None else {}).df()
 

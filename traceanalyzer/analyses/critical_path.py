@@ -47,10 +47,14 @@ class _Sync:
     via_seq: int
 
 
+#: the analysis views the walk reads
+_VIEWS = ("step_phases", "collective_ranks", "collective_instances", "p2p_transfers", "activity_segments")
+
+
 def critical_path(store_or_con, run: str | None = None, step: int | None = None, **params) -> pd.DataFrame:
     """The cross-rank critical path of each step (or of ``step``): one row per hop (a stretch of
     one rank's own time), latest first (hop 0 ends the step)."""
-    con = prepare(connect(store_or_con), **params)
+    con = prepare(connect(store_or_con), views=_VIEWS, **params)
     where, args = _where(run, step)
     steps = con.execute(f"""SELECT run, rank, step, step_start_ns, step_end_ns FROM step_phases WHERE true {where}""", args).df()
     # where each rank waited: collectives it did not arrive last at, receives posted before their send
@@ -111,7 +115,7 @@ def critical_path_summary(store_or_con, run: str | None = None, step: int | None
                           path: pd.DataFrame | None = None, **params) -> pd.DataFrame:
     """Time on each step's critical path per rank and activity (compute/comm/memory/idle);
     ``path`` is critical_path()'s result when the caller already has it."""
-    con = prepare(connect(store_or_con), **params) if path is None else connect(store_or_con)
+    con = prepare(connect(store_or_con), views=_VIEWS, **params) if path is None else connect(store_or_con)
     if path is None:
         path = critical_path(con, run=run, step=step)
     if path.empty:

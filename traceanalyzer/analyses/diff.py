@@ -242,7 +242,7 @@ def diff_runs(store_a: str | os.PathLike, store_b: str | os.PathLike | None = No
         if same and ra == rb:
             raise TraceAnalyzerError(f"diff: A and B are the same run '{ra}'; give --run-a and --run-b")
         for con in {id(con_a): con_a, id(con_b): con_b}.values():
-            prepare(con)  # the analyses' views (temporal breakdown, collectives)
+            prepare(con, views=["temporal_breakdown", "collective_instances"])
         pa, pb = profile(con_a, str(store_a), ra), profile(con_b, str(store_b or store_a), rb)
     finally:
         con_a.close()

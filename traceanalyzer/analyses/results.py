@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -68,20 +69,19 @@ def compute(con, run: str | None = None, only: list[str] | None = None, **params
     unknown = [n for n in names if n not in ALL]
     if unknown:
         raise TraceAnalyzerError(f"unknown analysis: {', '.join(unknown)}; known: {', '.join(ALL)}")
-    prepare(con, **params)
+    prepare(con, views=["pipeline_shape"], **params)
+    has_pipeline = con.execute("SELECT count(*) FROM pipeline_shape").fetchone()[0] > 0
     out, cache = {}, {}
-    has_pipeline = None
     for name in names:
-        if name.startswith("pipeline_") and name != "pipeline_shape":
-            if has_pipeline is None:  # the pipeline views are costly: skip them when there is no pipeline
-                has_pipeline = con.execute("SELECT count(*) FROM pipeline_shape").fetchone()[0] > 0
-            if not has_pipeline:
-                out[name] = S.RESULTS[name].arrow_schema.empty_table().to_pandas()
-                continue
+        if name.startswith("pipeline_") and name != "pipeline_shape" and not has_pipeline:
+            # the pipeline views cost more than the others together: skipped without a pipeline
+            out[name] = S.RESULTS[name].arrow_schema.empty_table().to_pandas()
+            continue
         if name in PRODUCERS:
             df = PRODUCERS[name](con, run, cache)
         else:
             sql = QUERIES[name]
+            prepare(con, views=[re.search(r"FROM (\w+)", sql).group(1)], **params)
             if run is not None:
                 sql = f"SELECT * FROM ({sql}) WHERE run = $run"
             df = con.execute(sql, {"run": run} if run is not None else {}).df()

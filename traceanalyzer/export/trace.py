@@ -108,8 +108,9 @@ def _resolve(con, store, run, rank) -> tuple[str, list[int]]:
 def _overlays(con, run: str, ranks: list[int]) -> pd.DataFrame:
     """Findings as intervals on each rank's (clock-aligned) time: rank, track, name, lo_ns, hi_ns, args."""
     from ..analyses import prepare
+    from ..analyses.critical_path import _VIEWS as _CP_VIEWS
     from ..analyses.critical_path import critical_path
-    prepare(con)
+    prepare(con, views=["clock_offsets", "pipeline_idle", "exposed_comm", *_CP_VIEWS])
     args = {"run": run, "ranks": ranks}
     parts = []
     off = "coalesce((SELECT offset_ns FROM clock_offsets o WHERE o.run = x.run AND o.rank = x.rank), 0)"

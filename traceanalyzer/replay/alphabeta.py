@@ -152,14 +152,9 @@ def _theil_sen(x: np.ndarray, y: np.ndarray, rng, center=np.median) -> tuple[flo
 def prepare_comm_views(store_or_con):
     """A connection with the analysis views the replay needs (clock_offsets, collectives and the
     modules before it), loaded once: far cheaper than every analysis module (``analyses.prepare``)."""
-    from ..analyses import MODULES, PARAMETERS, _sql, connect
+    from ..analyses import bind_views, connect
     con = connect(store_or_con)
-    have = {r[0] for r in con.execute("SELECT view_name FROM duckdb_views() WHERE temporary").fetchall()}
-    if not {"clock_offsets", "collective_instances"} <= have:
-        for key, (default, _) in PARAMETERS.items():
-            con.execute(f"SET VARIABLE {key} = ?", [default])
-        for name in MODULES[:MODULES.index("collectives") + 1]:   # collectives and what it reads
-            con.execute(_sql(name))
+    bind_views(con, ["clock_offsets", "collective_instances"])
     return con
 
 

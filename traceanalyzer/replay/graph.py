@@ -88,14 +88,13 @@ PIPELINE_VIEWS = ("clock_offsets", "step_alignment", "pipelines")
 
 def build_graph(store_or_con, run: str | None = None) -> Graph:
     """Build the replay graph of one run from a store (all ranks)."""
-    from ..analyses import _sql, connect, prepare
+    from ..analyses import bind_views, connect, prepare
     con = connect(store_or_con)
     # the graph needs the clock offsets (clock_offsets.sql: a query over comms and ranks, bound in
     # milliseconds) and, for a pipeline, its stages. Binding every analysis view costs seconds on a
     # big store, so a pipeline binds only PIPELINE_VIEWS, and a connection that has them is used as it is
     have = {v for (v,) in con.execute("SELECT view_name FROM duckdb_views() WHERE temporary").fetchall()}
-    if not {"clock_offsets", "clock_alignment"} <= have:
-        con.execute(_sql("clock_offsets"))
+    bind_views(con, ["clock_offsets", "clock_alignment"])
     run = resolve_run(con, run, "replay")
     g = _Builder(con, run).build()
     g.source = con

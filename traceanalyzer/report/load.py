@@ -106,7 +106,7 @@ def load_run(con, store: str | os.PathLike, run: str, with_intervals: bool = Tru
 def pipeline_idle(con, run: str, params: dict) -> pd.DataFrame:
     """When each pipeline stage sat idle and why (warm-up, cool-down, stall on a peer, other)."""
     from ..analyses import PARAMETERS, prepare
-    prepare(con, **{k: v for k, v in params.items() if k in PARAMETERS})
+    prepare(con, views=["pipeline_idle"], **{k: v for k, v in params.items() if k in PARAMETERS})
     return con.execute("SELECT * FROM pipeline_idle WHERE run = $run ORDER BY rank, step, lo_ns", {"run": run}).df()
 
 

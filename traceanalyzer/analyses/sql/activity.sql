@@ -19,6 +19,8 @@
 -- intervals of each category are active. Each such segment gets one label by priority:
 -- compute > comm > memory > idle. 'comm' segments are therefore exposed communication (no compute
 -- ran at the same time), and merged intervals are never double-counted.
+--
+-- requires: step_alignment
 
 -- Columns: run, rank, window_id, step, category (compute/comm/memory), lo_ns, hi_ns, name,
 -- comm_id (comms row for comm intervals).

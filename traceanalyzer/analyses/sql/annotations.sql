@@ -11,6 +11,8 @@
 -- the same thread, so a region's time counts once, in the deepest range that holds it.
 -- Phase: the phase of the step (phases.sql) in which the range starts. Steps are aligned
 -- (step_alignment.sql).
+--
+-- requires: phases, step_alignment
 
 -- Columns: run, rank, step, phase, name, ns (exclusive time in the step), n (ranges).
 CREATE OR REPLACE TEMP VIEW user_annotation_time AS

@@ -1,6 +1,8 @@
 -- Where the time went, per rank and step: compute / communication / memory / idle over merged
 -- intervals (activity.sql: a segment counts once, for its highest-priority activity), and the
 -- kernels (or CPU operators) that took the most time.
+--
+-- requires: activity
 
 -- Columns: run, rank, step, span_ns (first to last activity of the step), compute_ns,
 -- comm_ns (exposed: communication with no compute at the same time), memory_ns, idle_ns, and the

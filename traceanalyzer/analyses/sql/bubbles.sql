@@ -10,6 +10,8 @@
 --   other    the rest of the gaps (the stage's own host-side delays).
 -- Every comparison between stages (slow stage, stall causes) stays inside one pipeline. Steps are
 -- aligned (step_alignment.sql): a stall is charged to the peer's same iteration.
+--
+-- requires: activity, pipelines, step_alignment
 
 -- Idle stretches of each stage in each step, classified.
 -- Columns: run, rank, stage, step, kind (warmup/cooldown/stall/other), caused_by_rank (stalls),

@@ -13,6 +13,8 @@
 -- clock_alignment (run, applied) says whether a run's offsets are applied at all, from the ranks
 -- table alone: the replay graph builder asks it first and skips the estimate (a median per
 -- collective) where nothing would be applied.
+--
+-- requires: (nothing: reads the canonical tables only)
 CREATE OR REPLACE TEMP VIEW clock_alignment AS
 SELECT run,
        CASE getvariable('align_clocks') WHEN 'always' THEN true WHEN 'never' THEN false

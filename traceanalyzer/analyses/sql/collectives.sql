@@ -7,6 +7,8 @@
 -- key '?', which is right when a job has one data-parallel group and otherwise the best we can do.
 -- Clock offsets (see clock_offsets.sql) are added to every timestamp first; step is the aligned
 -- step (step_alignment.sql), the same number for the same iteration on every rank.
+--
+-- requires: clock_offsets, step_alignment
 
 -- Per rank and collective: arrival, end and the wait for the last peer, clock-aligned.
 -- Columns: run, pg, seq, rank, step, op, group_size, bytes (NCCL-tests convention), arrival_ns,

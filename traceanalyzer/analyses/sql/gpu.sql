@@ -1,5 +1,7 @@
 -- GPU-side views (HTA's catalogue, all ranks): CPU->GPU launch delay, queue length per stream,
 -- idle-time breakdown per stream. CPU-only traces give empty results, not errors.
+--
+-- requires: (nothing: reads the canonical tables only)
 
 -- Each GPU operation with the runtime call that launched it (same correlation id).
 -- Columns: run, rank, window_id, stream, name, kind, ts_ns, dur_ns, launch_ts_ns, launch_dur_ns,

@@ -42,6 +42,8 @@
 -- an Event Sync / Context Sync row with a stream arg but no correlation (HTA's join would pair it
 -- with every launch-side row without one). Ranks are ours (distributedInfo), not HTA's (the first
 -- '"rank": N' in the file text); they agree on every reference trace.
+--
+-- requires: (nothing: reads the canonical tables only)
 
 -- Per trace file: how HTA loads it.
 -- Columns: run, rank, window_id, base_time_ns, rounds_to_us (some ts of the file, event or flow, has a

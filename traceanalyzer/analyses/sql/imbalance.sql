@@ -12,6 +12,8 @@
 --                             step time (default 5)
 --   seqlen_min_corr           forward and backward durations correlated at least this much across
 --                             steps suggest sequence-length imbalance (default 0.9)
+--
+-- requires: activity, phases
 
 -- Columns: run, step, n_ranks, mean_ns, max_ns, min_ns, max_over_mean, cv, max_rank.
 CREATE OR REPLACE TEMP VIEW imbalance_steps AS

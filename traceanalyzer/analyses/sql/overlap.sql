@@ -5,6 +5,8 @@
 -- only is exposed). Exposed communication is listed interval by interval: consecutive exposed
 -- segments are joined, each is attributed to the collective that covers most of it, and the
 -- compute that ran just before and just after it is named -- what a user would move or overlap.
+--
+-- requires: activity
 
 -- Columns: run, rank, step, comm_ns, overlapped_ns, exposed_ns, compute_ns, overlap_pct,
 -- exposed_pct_of_step (exposed / step span of the rank's activity).

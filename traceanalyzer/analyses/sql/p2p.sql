@@ -6,6 +6,8 @@
 -- The receiver waited for the sender when the send was posted after the receive: the sender's
 -- own work before its send then decided when the receive completed (critical_path.py follows
 -- such edges as it follows a collective's last arriver).
+--
+-- requires: clock_offsets, step_alignment
 
 -- Columns: run, step (the receive's, aligned: step_alignment.sql), pg, tag, p2p_seq, src_rank, dst_rank, send_arrival_ns (the
 -- sender posted its send), recv_arrival_ns (the receiver posted its receive), recv_release_ns

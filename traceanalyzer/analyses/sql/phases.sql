@@ -15,6 +15,8 @@
 -- rank, whatever the profiler counted (step_alignment maps it to the rank's own ProfilerStep).
 -- Columns: run, rank, step, step_start_ns, step_end_ns, step_ns, forward_ns, backward_ns, sync_ns,
 -- optimizer_ns, data_loading_ns.
+--
+-- requires: step_alignment
 CREATE OR REPLACE TEMP VIEW step_phases AS
 WITH marks AS (
     SELECT s.run, s.rank, s.window_id, s.step, s.start_ts_ns, s.end_ts_ns,

@@ -10,6 +10,8 @@
 -- ranks of the pipeline; the theoretical bubble is (p-1)/(v*m+p-1) of the step.
 -- Kept apart from bubbles.sql (which reads these views) so that the replay can bind the stages
 -- alone: they read only comms, events, steps and step_alignment.
+--
+-- requires: step_alignment
 
 -- Which pipeline each p2p rank belongs to: the connected component of the p2p graph, found by
 -- following edges from every rank until nothing new is reached (UNION drops what was seen).

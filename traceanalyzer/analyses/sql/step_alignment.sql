@@ -16,6 +16,8 @@
 -- Windows with no synchronisation point keep their own numbers. Note: gloo collectives joined
 -- without a Flight Recorder dump get their seq from the order in the window (seq_source =
 -- 'order'), which is itself only right when every rank's window starts at the same iteration.
+--
+-- requires: (nothing: reads the canonical tables only)
 
 -- Columns: run, rank, window_id, step (the profiler's), aligned_step (the same iteration's number
 -- on every rank).

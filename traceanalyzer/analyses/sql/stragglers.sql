@@ -22,6 +22,8 @@
 --                            one phase is at least this % of the median step time (default 10)
 --   straggler_persistent_pct flagged in at least this % of steps -> 'persistent', else 'sporadic'
 --                            (default 50)
+--
+-- requires: annotations, collectives, phases
 
 -- Per rank and step: the delay it imposed on its peers.
 -- Columns: run, rank, step, n_collectives (where it arrived last), imposed_wait_ns (sum over

@@ -1,0 +1,141 @@
+"""The SQL modules (``sql/<name>.sql``) and binding them into a connection, only as needed.
+
+Each module is one concern and says in its header which modules it reads (Perfetto's
+``INCLUDE PERFETTO MODULE`` is the model)::
+
+    -- requires: activity, phases
+
+:func:`bind` creates what a query needs -- the modules defining its views and, first, what those
+require -- once per connection, and **materialises** each view into a temporary table as soon as it
+is created. Why: DuckDB inlines a view into every query (and view) that reads it, so a chain of
+50 views planned as one query costs seconds of planning and re-computes shared pieces -- more than
+the whole work on a small run. Materialised, each view is planned against tables and computed
+once. The tables hold the results for the parameters set when they were made (the connection's
+DuckDB variables, recorded in ``_ta_bound``); when those change, :func:`bind` drops and re-makes
+everything it made.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+
+_REQUIRES_RE = re.compile(r"^-- requires: (.*)$", re.MULTILINE)
+_DEFINES_RE = re.compile(r"CREATE OR REPLACE TEMP (?:VIEW|MACRO|TABLE)\s+(\w+)")
+
+
+@dataclass(frozen=True)
+class Module:
+    """One SQL module: its name, the modules it reads, the views and macros it defines, its text."""
+    name: str
+    requires: tuple[str, ...]
+    defines: tuple[str, ...]
+    text: str
+
+
+@lru_cache(maxsize=None)
+def modules() -> dict[str, Module]:
+    """Every SQL module of the package by name (read once per process)."""
+    out = {}
+    for entry in sorted(resources.files(__package__).joinpath("sql").iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".sql"):
+            continue
+        text = entry.read_text()
+        m = _REQUIRES_RE.search(text)
+        requires = tuple(r.strip() for r in m.group(1).split(",")) if m and not m.group(1).startswith("(") else ()
+        out[entry.name[:-4]] = Module(entry.name[:-4], requires, tuple(_DEFINES_RE.findall(text)), text)
+    return out
+
+
+@lru_cache(maxsize=None)
+def owner() -> dict[str, str]:
+    """View or macro name -> the module that defines it."""
+    return {view: m.name for m in modules().values() for view in m.defines}
+
+
+def closure(names) -> list[str]:
+    """``names`` (modules) with everything they require, each after what it reads."""
+    mods, order, seen = modules(), [], set()
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in seen:
+            return
+        if name not in mods:
+            raise KeyError(f"unknown SQL module {name!r} (required by {' -> '.join(path) or 'the caller'})")
+        if name in path:
+            raise ValueError(f"SQL modules require each other: {' -> '.join(path + (name,))}")
+        for dep in mods[name].requires:
+            visit(dep, path + (name,))
+        seen.add(name)
+        order.append(name)
+    for name in names:
+        visit(name, ())
+    return order
+
+
+def modules_for(views) -> list[str]:
+    """The modules (in binding order) that a query of ``views`` needs."""
+    own = owner()
+    unknown = [v for v in views if v not in own]
+    if unknown:
+        raise KeyError(f"no SQL module defines {', '.join(unknown)}")
+    return closure(dict.fromkeys(own[v] for v in views))
+
+
+def _variables(con) -> str:
+    """The connection's DuckDB variables (the analyses' parameters) as one comparable text."""
+    rows = con.execute("SELECT name, CAST(value AS VARCHAR) FROM duckdb_variables() ORDER BY name").fetchall()
+    return json.dumps(rows)
+
+
+def bound(con) -> set[str]:
+    """The modules ``con`` holds, made with its current variables (an empty set when they changed)."""
+    con.execute("CREATE TEMP TABLE IF NOT EXISTS _ta_bound (module VARCHAR, variables VARCHAR)")
+    rows = con.execute("SELECT module, variables FROM _ta_bound").fetchall()
+    now = _variables(con)
+    if any(v != now for _, v in rows):
+        _drop(con, [m for m, _ in rows])
+        return set()
+    return {m for m, _ in rows}
+
+
+def _drop(con, names) -> None:
+    tables = {t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()}
+    views = {v for (v,) in con.execute("SELECT view_name FROM duckdb_views() WHERE temporary").fetchall()}
+    for name in reversed(closure(names)):
+        for obj in reversed(modules()[name].defines):
+            if obj in tables:
+                con.execute(f"DROP TABLE {obj}")
+            elif obj in views:
+                con.execute(f"DROP VIEW {obj}")
+            else:
+                con.execute(f"DROP MACRO TABLE IF EXISTS {obj}")
+    con.execute("DELETE FROM _ta_bound")
+
+
+def bind(con, names) -> list[str]:
+    """Make the views of modules ``names`` (and of what they require) in ``con``, each as a
+    temporary table, unless it holds them for its current variables; returns the modules made now."""
+    have = bound(con)
+    todo = [m for m in closure(names) if m not in have]
+    variables = _variables(con)
+    for name in todo:
+        for statement in con.extract_statements(modules()[name].text):
+            con.execute(statement)
+            m = _VIEW_RE.match(statement.query)
+            if m:
+                _materialise(con, m.group(1))
+        con.execute("INSERT INTO _ta_bound VALUES (?, ?)", [name, variables])
+    return todo
+
+
+_VIEW_RE = re.compile(r"\s*(?:--[^\n]*\n\s*)*CREATE OR REPLACE TEMP VIEW\s+(\w+)")
+
+
+def _materialise(con, view: str) -> None:
+    """Replace the view by a table of its rows (same name, same columns)."""
+    con.execute(f"CREATE TEMP TABLE _ta_rows AS SELECT * FROM {view}")
+    con.execute(f"DROP VIEW {view}")
+    con.execute(f"ALTER TABLE _ta_rows RENAME TO {view}")
