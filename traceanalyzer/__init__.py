@@ -9,8 +9,23 @@ Analysis needs no torch; only :mod:`traceanalyzer.collect` and :mod:`traceanalyz
 """
 __version__ = "0.1.0"
 
+from . import ingest as _ingest_package  # noqa: E402,F401 - the subpackage first, so that the function below wins
 from .errors import StoreError, TraceAnalyzerError, TraceInputError  # noqa: E402
-from .ingest.batch import IngestReport, ingest  # noqa: E402
+
+
+def ingest(paths, store, run=None, rank=None, workers=None, progress=False, nccl_logs=()):
+    """Parse trace files (or folders) into ``store`` in one atomic commit; returns an ``IngestReport``
+    (:func:`traceanalyzer.ingest.batch.ingest`, which documents the arguments)."""
+    from .ingest.batch import ingest as _ingest
+    return _ingest(paths, store, run=run, rank=rank, workers=workers, progress=progress, nccl_logs=nccl_logs)
+
+
+def __getattr__(name):
+    # pyarrow and msgspec load on first use: `import traceanalyzer` and the CLI's --help stay light
+    if name == "IngestReport":
+        from .ingest.batch import IngestReport
+        return IngestReport
+    raise AttributeError(f"module 'traceanalyzer' has no attribute {name!r}")
 
 
 def open(store):  # noqa: A001 - the natural name: ta.open(store)

@@ -14,11 +14,12 @@ every rank.
 from __future__ import annotations
 
 import re
-from typing import Any
-
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from . import modules as _modules
+
+if TYPE_CHECKING:  # pandas loads in ~0.5 s: only the results need it, and DuckDB imports it then
+    import pandas as pd
 
 #: Named parameters of the SQL modules: name -> (default, meaning). Units are in the names.
 PARAMETERS: dict[str, tuple[Any, str]] = {

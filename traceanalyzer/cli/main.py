@@ -10,7 +10,6 @@ import sys
 import traceback
 
 from .. import __version__
-from .. import schema as S
 from ..errors import TraceAnalyzerError
 
 
@@ -194,7 +193,12 @@ def _cmd_demo(args) -> int:
     return demo(args.store, record=args.record)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The parser; the help texts that need the library's tables (analysis names, parameters, report
+    keys: a second of imports) are filled in only for ``command`` (None: every command)."""
+    def full(name: str) -> bool:
+        return command is None or command == name
+
     p = argparse.ArgumentParser(prog="traceanalyzer", description="Trace-driven analysis of distributed training runs.")
     p.add_argument("--version", action="version", version=f"traceanalyzer {__version__}")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
@@ -234,14 +238,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-rows", type=int, default=200)
     s.set_defaults(func=_cmd_sql)
 
-    from ..analyses import PARAMETERS
+    PARAMETERS, ANALYSES, REPLAY_MAX_EVENTS, METRICS = {}, (), None, ()
+    if full("analyze"):
+        from ..analyses import PARAMETERS
+        from ..analyses.results import ALL as ANALYSES
+    if full("report"):
+        from ..report.metrics import METRICS
+        from ..report.whatif import REPLAY_MAX_EVENTS
     s = sub.add_parser("analyze", help="run the analyses (stragglers, overlap, imbalance, breakdowns, ...) and save them in the store",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        epilog="parameters (--set NAME=VALUE):\n" + "\n".join(
                            f"  {k} = {d!r}: {doc}" for k, (d, doc) in PARAMETERS.items()))
     s.add_argument("store")
     s.add_argument("--run", help="only this run (default: every run)")
-    s.add_argument("--only", help="comma-separated analyses (default: all): " + ", ".join(S.RESULTS))
+    s.add_argument("--only", help="comma-separated analyses (default: all): " + ", ".join(ANALYSES))
     s.add_argument("--set", action="append", metavar="NAME=VALUE", help="analysis parameter (repeatable); the list and defaults are below")
     s.add_argument("--json", action="store_true", help="print one JSON document (keys from the schema, with versions)")
     s.add_argument("--no-save", action="store_true", help="do not save the results in the store")
@@ -258,11 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--format", choices=("html", "md", "json"), help="default: from the output's extension, else html")
     s.add_argument("--no-replay", action="store_true",
                    help="value rank findings by the analyses' estimates only (no what-if replay)")
-    from ..report.whatif import REPLAY_MAX_EVENTS
     s.add_argument("--replay-max-events", type=int, default=REPLAY_MAX_EVENTS, metavar="N",
-                   help=f"replay runs of at most N stored events (default {REPLAY_MAX_EVENTS:,}; building the "
+                   help=f"replay runs of at most N stored events (default {REPLAY_MAX_EVENTS or 0:,}; building the "
                         f"replay graph costs about 0.3 s per million events)")
-    from ..report.metrics import METRICS
     s.add_argument("--fail-on", action="extend", nargs="+", metavar="KEY>VALUE",
                    help="exit 1 with a one-line reason when a metric crosses a threshold (quote it for the shell: "
                         "'slowdown_pct>10'); also >=, <, <=, ==. Keys: " + ", ".join(METRICS))
@@ -309,8 +317,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _command(argv) -> str | None:
+    """The command named in ``argv`` ("" when none is: the top-level help or an error)."""
+    words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
+    return words[0] if words else ""
+
+
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser(_command(argv)).parse_args(argv)
     try:
         return args.func(args)
     except TraceAnalyzerError as exc:

@@ -9,7 +9,7 @@ The modules, in the order one trace file passes through them:
 - :mod:`.p2p_groups` -- gloo p2p ops on subgroups, resolved across the ranks of the batch;
 - :mod:`.sidecars` -- per-process inputs (Flight Recorder dumps, :mod:`.nccl` logs and plugin output);
 - :mod:`.safe_pickle` -- the restricted unpickler every pickle goes through.
-"""
-from .batch import IngestReport, ingest
 
-__all__ = ["ingest", "IngestReport"]
+Light on purpose: ``traceanalyzer.ingest`` the function (:func:`.batch.ingest`) is bound in the
+top-level package, which must not load pyarrow just to start the CLI.
+"""
