@@ -24,9 +24,10 @@ def test_no_import_cycles_between_stages():
     """The packages form layers and a package imports only the layers below it, so there is no
     import cycle between them: the store (files and views) at the bottom, ingest writing into it,
     collect (which can ingest when the job ends), the analyses reading it, the replay, the report
-    (which replays), the export (which replays), the reference workloads, the CLI on top."""
+    (which replays), the export (which replays), the session (ta.open) over all of them, the reference
+    workloads, the CLI on top."""
     order = ["schema", "errors", "store", "ingest", "collect", "analyses", "replay", "report", "export",
-             "workloads", "cli"]
+             "session", "workloads", "cli"]
     rank = {name: i for i, name in enumerate(order)}
     problems = []
     for path in sorted((ROOT / "traceanalyzer").rglob("*.py")):

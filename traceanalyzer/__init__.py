@@ -2,8 +2,9 @@
 
     import traceanalyzer as ta
     ta.ingest(["traces/ddp_gloo_2rank"], "store")      # Kineto JSON -> Parquet store
-    con = ta.open("store")                             # DuckDB connection with the canonical views
-    con.sql("SELECT rank, count(*) FROM comms GROUP BY rank").df()
+    s = ta.open("store")                               # the store: runs, analyses, replay, report, export
+    s.sql("SELECT rank, count(*) FROM comms GROUP BY rank").df()   # ... and DuckDB over its views
+    s.analysis("stragglers")
 
 Analysis needs no torch; only :mod:`traceanalyzer.collect` and :mod:`traceanalyzer.workloads` do.
 """
@@ -29,9 +30,10 @@ def __getattr__(name):
 
 
 def open(store):  # noqa: A001 - the natural name: ta.open(store)
-    """A DuckDB connection with one view per canonical table over ``store``."""
-    from .analyses import connect
-    return connect(store)
+    """The store as a :class:`~traceanalyzer.session.Session`: its runs, analyses, replay, report and
+    export, and every method of the DuckDB connection over its views (``sql``, ``execute``, ...)."""
+    from .session import Session
+    return Session(store)
 
 
 def info(store):

@@ -63,6 +63,22 @@ ALL = list(QUERIES) + list(PRODUCERS)
 assert set(ALL) == set(S.RESULTS), "every result table has a query or producer and a schema"
 
 
+def _view(name: str) -> str:
+    return re.search(r"FROM (\w+)", QUERIES[name]).group(1)
+
+
+def query(con, name: str, run: str | None = None, **params):
+    """The result of SQL analysis ``name`` as a lazy DuckDB relation over ``con`` (its modules bound,
+    ``params`` set; defaults for the rest)."""
+    if name not in QUERIES:
+        raise TraceAnalyzerError(f"no SQL analysis {name!r}" + (" (computed in Python)" if name in PRODUCERS else "")
+                                 + f"; SQL analyses: {', '.join(QUERIES)}")
+    prepare(con, views=[_view(name)], **params)
+    if run is None:
+        return con.sql(QUERIES[name])
+    return con.sql(f"SELECT * FROM ({QUERIES[name]}) WHERE run = $run", params={"run": run})
+
+
 def compute(con, run: str | None = None, only: list[str] | None = None, **params) -> dict[str, pd.DataFrame]:
     """Run the analyses on an open store connection; returns name -> DataFrame (schema columns)."""
     names = list(ALL) if not only else list(only)
@@ -77,14 +93,7 @@ def compute(con, run: str | None = None, only: list[str] | None = None, **params
             # the pipeline views cost more than the others together: skipped without a pipeline
             out[name] = S.RESULTS[name].arrow_schema.empty_table().to_pandas()
             continue
-        if name in PRODUCERS:
-            df = PRODUCERS[name](con, run, cache)
-        else:
-            sql = QUERIES[name]
-            prepare(con, views=[re.search(r"FROM (\w+)", sql).group(1)], **params)
-            if run is not None:
-                sql = f"SELECT * FROM ({sql}) WHERE run = $run"
-            df = con.execute(sql, {"run": run} if run is not None else {}).df()
+        df = PRODUCERS[name](con, run, cache) if name in PRODUCERS else query(con, name, run, **params).df()
         out[name] = _conform(name, df)
     return out
 

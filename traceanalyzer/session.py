@@ -1,0 +1,100 @@
+"""``ta.open(store)``: the one entry object for notebooks and scripts.
+
+    import traceanalyzer as ta
+    s = ta.open("store")
+    s.runs                                   # one row per run
+    s.analysis("stragglers", run="ddp4")     # a DataFrame (as_relation=True: a lazy DuckDB relation)
+    s.sql("SELECT rank, count(*) FROM comms GROUP BY rank").df()
+    s.analyze(run="ddp4")                    # every analysis, saved in the store
+    s.replay({"actions": [{"action": "idealize", "ranks": [2]}]}, run="ddp4")
+    s.report("report.html", run="ddp4")
+    s.export("ddp4_rank2.json", run="ddp4", rank=2)
+
+It holds one DuckDB connection over the store (the canonical views, ``comms_nccl``, the saved
+``result_*`` views), and everything else a DuckDB connection offers (``sql``, ``execute``,
+``close``, ...) is that connection's own, so the object can be passed wherever a connection goes.
+The CLI is formatting on top of these same calls.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+class Session:
+    """An open store: its runs, its analyses, replay, report and export."""
+
+    def __init__(self, store: str | os.PathLike):
+        from .analyses import connect
+        self.path = Path(store)
+        self.con = connect(self.path)
+
+    def __getattr__(self, name):          # sql, execute, df, close ...: the DuckDB connection's
+        return getattr(self.con, name)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.con.close()
+
+    def __repr__(self) -> str:
+        return f"<traceanalyzer store {str(self.path)!r}>"
+
+    @property
+    def runs(self):
+        """One row per run: ranks, windows, world size, backend, time span."""
+        return self.con.sql("SELECT * FROM runs ORDER BY run").df()
+
+    def analyses(self) -> list[str]:
+        """The names :meth:`analysis` takes (each one a saved result table, ``traceanalyzer schema``)."""
+        from .analyses.results import ALL
+        return list(ALL)
+
+    def analysis(self, name: str, run: str | None = None, as_relation: bool = False, **params):
+        """The result of analysis ``name`` (computed in SQL with ``params``; defaults for the rest)
+        as a DataFrame, or as a lazy DuckDB relation with ``as_relation``."""
+        from .analyses.results import compute, query
+        if as_relation:
+            return query(self.con, name, run, **params)
+        return compute(self.con, run=run, only=[name], **params)[name]
+
+    def analyze(self, run: str | None = None, only: list[str] | None = None, save: bool = True, **params):
+        """Every analysis (or ``only`` these) of ``run`` (default: every run), saved in the store
+        unless ``save`` is False; returns name -> DataFrame."""
+        from .analyses.results import analyze
+        results = analyze(self.path, run=run, only=only, save_results=save, **params)
+        if save:        # the saved result_* views are made when a store is opened
+            self.con.close()
+            from .analyses import connect
+            self.con = connect(self.path)
+        return results
+
+    def info(self):
+        """One row per (run, rank): windows, steps, events, kernels, collectives, time span."""
+        from .analyses.summary import info
+        return info(self.path)
+
+    def replay(self, plan, run: str | None = None):
+        """Replay ``run`` under ``plan`` (a dict or a JSON file: idealize / scale / scale_comm, or
+        the structural pipeline / ddp plans); the result has ``.steps`` per rank and step,
+        ``.identity_error`` and ``.job_step_ns()``."""
+        from .replay import run_plan
+        return run_plan(self.con, plan, run=run)
+
+    def report(self, path: str | os.PathLike | None = None, run: str | None = None, replay: bool = True,
+               fmt: str | None = None):
+        """The report of ``run`` (default: every run); written to ``path`` (HTML, Markdown or JSON
+        by its extension) when given. Returns the :class:`~traceanalyzer.report.Report`."""
+        from .report import build_report, write_report
+        rep = build_report(self.path, run=run, replay=replay)
+        if path is not None:
+            write_report(rep, path, fmt)
+        return rep
+
+    def export(self, path: str | os.PathLike, run: str | None = None, rank: int | None = None,
+               overlays: bool = True, flows: bool = True, replay_plan=None) -> Path:
+        """A Chrome/Perfetto trace of ``rank`` (None: every rank) of ``run``, written to ``path``."""
+        from .export import export_trace, write_trace
+        return write_trace(export_trace(self.path, run=run, rank=rank, overlays=overlays, flows=flows,
+                                        replay_plan=replay_plan), path)
