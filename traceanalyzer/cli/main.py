@@ -6,6 +6,7 @@ shows the traceback.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import traceback
 
@@ -317,6 +318,22 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     return p
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Log records on whatever ``sys.stderr`` is when they are emitted, as one line each."""
+
+    def __init__(self):
+        super().__init__()
+        self.setFormatter(logging.Formatter("traceanalyzer: %(levelname)s: %(message)s"))
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value):
+        pass
+
+
 def _command(argv) -> str | None:
     """The command named in ``argv`` ("" when none is: the top-level help or an error)."""
     words = [a for a in (sys.argv[1:] if argv is None else argv) if not a.startswith("-")]
@@ -325,6 +342,11 @@ def _command(argv) -> str | None:
 
 def main(argv=None) -> int:
     args = build_parser(_command(argv)).parse_args(argv)
+    # the library reports through `logging` ("traceanalyzer.*" loggers); the CLI shows it on stderr
+    log = logging.getLogger("traceanalyzer")
+    if not any(isinstance(h, _StderrHandler) for h in log.handlers):
+        log.addHandler(_StderrHandler())
+    log.setLevel(logging.DEBUG if args.debug else logging.INFO)
     try:
         return args.func(args)
     except TraceAnalyzerError as exc:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import logging
 import os
-import sys
 from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from traceanalyzer.collect import files, manifest
 from traceanalyzer.collect.fr_dump import dump_flight_recorder, enable_flight_recorder
+
+log = logging.getLogger(__name__)
 
 
 class Collector:
@@ -110,7 +112,7 @@ def _ingest_run(collector: Collector, store: str | Path) -> None:
     if collector.rank == 0:
         from ..ingest.batch import ingest
         report = ingest([collector.run_dir], store, run=collector.run, workers=1)
-        print(f"traceanalyzer.collect: {report.summary()}", file=sys.stderr)
+        log.warning("%s", report.summary())     # warning: seen in a job whose logging is not configured
     if dist:
         dist.barrier()  # nobody tears the group down while rank 0 still ingests
 
@@ -124,7 +126,7 @@ def _write_outputs(collector: Collector, clock: dict[str, int], exit_status: str
         if dump_flight_recorder(folder / files.fr_name(rank)):
             written["flight_recorder"] = files.fr_name(rank)
     except Exception as exc:  # noqa: BLE001 - a failed dump must not hide the run's own result
-        print(f"traceanalyzer.collect: rank {rank}: FR dump failed: {exc!r}", file=sys.stderr)
+        log.error("rank %d: Flight Recorder dump failed: %r", rank, exc)
     part = manifest.rank_part(run=collector.run, rank=rank, clock=clock, files=written,
                               exit_status=exit_status)
     manifest.write_json(folder / files.rank_manifest_name(rank), part)
