@@ -17,6 +17,7 @@ import traceback
 import uuid
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -107,18 +108,21 @@ def format_ranges(values) -> str:
 def find_traces(paths: Iterable[str | os.PathLike], allow_empty: bool = False) -> list[Path]:
     """Trace files named by ``paths`` (files, or folders searched recursively)."""
     from .flight_recorder import is_fr_name
+    from .nsys import is_nsys_export
     found: list[Path] = []
     for p in paths:
         p = Path(p)
         if p.is_dir():
-            found += sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(_TRACE_SUFFIXES)
-                            and not f.name.endswith((".fr.json", "manifest.json")) and not is_fr_name(f))
+            found += sorted(f for f in p.rglob("*") if f.is_file() and (
+                (f.name.endswith(_TRACE_SUFFIXES) and not f.name.endswith((".fr.json", "manifest.json"))
+                 and not is_fr_name(f)) or is_nsys_export(f)))
         elif p.exists():
             found.append(p)
         else:
             raise TraceInputError(p, "no such file or folder")
     if not found and not allow_empty:
-        raise TraceAnalyzerError("no trace files (*.json, *.json.gz) found in " + ", ".join(map(str, paths)))
+        raise TraceAnalyzerError("no trace files (Kineto *.json, *.json.gz or Nsight Systems SQLite exports) found in "
+                                 + ", ".join(map(str, paths)))
     return found
 
 
@@ -129,7 +133,10 @@ def _parse_one(path: str, rank_arg: int | None, staging: str) -> tuple:
     from .kineto.build import build_tables
     from .kineto.reader import read_trace
     from .sidecars import check_rank_manifest
+    from .nsys import load as load_nsys, looks_like_sqlite
     try:
+        if looks_like_sqlite(path):  # an Nsight Systems export: one rank per GPU process
+            return ("ok", [_stage(path, b, staging) for b in load_nsys(path, rank_arg)])
         trace = read_trace(path)
         info = trace.meta.get("distributedInfo")
         built = build_tables(trace, rank_arg)
@@ -139,22 +146,27 @@ def _parse_one(path: str, rank_arg: int | None, staging: str) -> tuple:
         fr_path = sidecar_path(path, built.rank)
         fr = read_fr_json(fr_path) if fr_path else None
         t["comms"] = build_comms(t["events"], t["process_groups"], t["threads"], info, built.rank, fr)
-        folder = Path(staging) / uuid.uuid4().hex
-        folder.mkdir(parents=True)
-        staged = {}
-        for name, table in t.items():
-            out = folder / f"{name}.parquet"
-            st.write_table(table.select(S.TABLES[name].column_names), out)
-            staged[name] = str(out)
-        counts = {name: table.num_rows for name, table in t.items()}
-        return ("ok", TraceSummary(str(Path(path).resolve()), built.rank, built.rank_source, built.start_ts_ns,
-                                   built.end_ts_ns, counts, dict(built.skipped), staged))
+        return ("ok", _stage(path, built, staging))
     except TraceInputError as exc:
         return ("error", exc.path, exc.problem)
     except MemoryError:
         return ("error", path, "out of memory while parsing")
     except Exception as exc:  # a bug of ours: say so, keep the traceback for --debug
         return ("error", path, f"internal error while parsing ({type(exc).__name__}: {exc})", traceback.format_exc())
+
+
+def _stage(path: str, built, staging: str) -> TraceSummary:
+    """Write one rank's tables (comms included) into a fresh staging folder."""
+    folder = Path(staging) / uuid.uuid4().hex
+    folder.mkdir(parents=True)
+    staged = {}
+    for name, table in built.tables.items():
+        out = folder / f"{name}.parquet"
+        st.write_table(table.select(S.TABLES[name].column_names), out)
+        staged[name] = str(out)
+    counts = {name: table.num_rows for name, table in built.tables.items()}
+    return TraceSummary(str(Path(path).resolve()), built.rank, built.rank_source, built.start_ts_ns,
+                        built.end_ts_ns, counts, dict(built.skipped), staged)
 
 
 def _size(path: Path) -> int:
@@ -201,8 +213,9 @@ def ingest(paths, store, run: str | None = None, rank: int | None = None, worker
     if not _RUN_RE.match(run):
         raise TraceAnalyzerError(f"invalid run name {run!r}: use letters, digits, '.', '_' and '-'")
     store = Path(store)
+    new_store = not store.exists()
     st.check_writable(store)
-    with st.locked(store):
+    with st.locked(store), _removed_on_failure(store if new_store else None):
         manifest = st.read_manifest(store)
         staging = store / f".staging-{uuid.uuid4().hex}"
         staging.mkdir()
@@ -225,6 +238,17 @@ def ingest(paths, store, run: str | None = None, rank: int | None = None, worker
         except OSError:
             pass
     return IngestReport(str(store), run, summaries, time.perf_counter() - t0, side_done, already)
+
+
+@contextmanager
+def _removed_on_failure(store: Path | None):
+    """A failed ingest into a store folder it created leaves no (empty) folder behind."""
+    try:
+        yield
+    except BaseException:
+        if store is not None:
+            shutil.rmtree(store, ignore_errors=True)
+        raise
 
 
 def _parse_all(files: list[Path], rank: int | None, staging: Path, workers: int | None, progress: bool) -> list[TraceSummary]:
@@ -261,7 +285,8 @@ def _parse_all(files: list[Path], rank: int | None, staging: Path, workers: int 
             err = TraceInputError(r[1], r[2])
             err.debug_traceback = r[3] if len(r) > 3 else None
             raise err
-    return sorted((r[1] for r in results), key=lambda s: (s.rank, s.start_ts_ns))
+    done = [s for r in results for s in (r[1] if isinstance(r[1], list) else [r[1]])]  # nsys: several ranks a file
+    return sorted(done, key=lambda s: (s.rank, s.start_ts_ns))
 
 
 def _assign_windows(summaries: list[TraceSummary], manifest: st.Manifest, run: str) -> None:
