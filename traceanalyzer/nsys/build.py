@@ -24,7 +24,7 @@ in order; else a file with one such process takes the rank its file name gives (
 else they are numbered 0, 1, ... by their lowest CUDA device id, then pid (the order ``torchrun``
 gives local ranks on one node). ``rank_map`` ({pid: rank}) overrides all of these.
 Steps: NVTX ranges named ``ProfilerStep#N`` (else ``step N`` / ``iteration N``, see STEP_NAME_RE);
-without such ranges events have no step.
+without such ranges in the file, its whole window is one step (WINDOW_STEP).
 """
 from __future__ import annotations
 
@@ -94,9 +94,56 @@ def assign_ranks(ex: NsysExport, rank_arg: int | None, rank_map: dict[int, int] 
     return [(g, i, "nsys_process_order") for i, g in enumerate(procs)]
 
 
-def build_all(ex: NsysExport, rank_arg: int | None = None, rank_map: dict[int, int] | None = None) -> list[RankTables]:
-    """One RankTables per GPU process of the export (comms not built here)."""
-    return [build_rank(ex, gpid, rank, source) for gpid, rank, source in assign_ranks(ex, rank_arg, rank_map)]
+def build_all(ex: NsysExport, rank_arg: int | None = None, rank_map: dict[int, int] | None = None,
+              window_step: bool = True) -> list[RankTables]:
+    """One RankTables per GPU process of the export (comms not built here). Without step ranges
+    in any process and with ``window_step``, the file's window is one step (see WINDOW_STEP)."""
+    built = [build_rank(ex, gpid, rank, source) for gpid, rank, source in assign_ranks(ex, rank_arg, rank_map)]
+    if window_step and built and all(b.tables["steps"].num_rows == 0 for b in built):
+        _window_as_step(built)
+    return built
+
+
+#: The step number given to the whole window of an export that has no step ranges: nsys is often
+#: started for a fixed span of a job (``--delay``/``--duration``) rather than for whole steps, and
+#: the per-step analyses and ``diff`` then compare the ranks (and two exports) over that span.
+#: Its range is the file's span, the same on every rank of the file; ranks.trace_meta_json says
+#: ``"step_source": "window"`` (else ``"nvtx"``).
+WINDOW_STEP = 0
+
+
+def _window_event(ev: pa.Table, lo: int, hi: int) -> pa.Table:
+    """The window step as an event (kind 'step', like ProfilerStep#N) on the process's main thread
+    (the one that made the most launch calls): the replay finds a rank's steps on that thread."""
+    cpu = ev.filter(pc.and_(pc.invert(ev["is_gpu"]), pc.is_in(ev["kind"], pa.array(["runtime", "sync"]))))
+    if cpu.num_rows == 0:
+        cpu = ev.filter(pc.invert(ev["is_gpu"]))
+    tid = pc.mode(cpu["tid"])[0]["mode"].as_py() if cpu.num_rows else 0
+    pid = pc.mode(cpu["pid"])[0]["mode"].as_py() if cpu.num_rows else 0
+    row = {"event_id": ev.num_rows, "ph": "X", "cat": "nsys", "kind": "step", "name": WINDOW_STEP_NAME,
+           "ts_ns": lo, "dur_ns": hi - lo, "pid": pid, "tid": tid, "is_gpu": False, "device": None, "stream": None,
+           "correlation": None, "external_id": None, "step": WINDOW_STEP, "nested": False,
+           "args_json": json.dumps({"synthetic": True, "step": WINDOW_STEP})}
+    return pa.Table.from_pylist([row], schema=S.EVENTS.arrow_schema)
+
+
+#: Name of the synthetic step event of WINDOW_STEP.
+WINDOW_STEP_NAME = "nsys window (no step ranges)"
+
+
+def _window_as_step(built: list[RankTables]) -> None:
+    lo, hi = min(b.start_ts_ns for b in built), max(b.end_ts_ns for b in built)
+    for b in built:
+        t = b.tables
+        t["steps"] = pa.table({"step": pa.array([WINDOW_STEP], pa.int32()), "start_ts_ns": [lo], "end_ts_ns": [hi],
+                               "dur_ns": [hi - lo]}, schema=S.STEPS.arrow_schema)
+        ev = t["events"]
+        ev = ev.set_column(ev.schema.get_field_index("step"), "step", pa.array(np.full(ev.num_rows, WINDOW_STEP, np.int32)))
+        t["events"] = pa.concat_tables([ev, _window_event(ev, lo, hi)])
+        meta = json.loads(t["ranks"]["trace_meta_json"][0].as_py())
+        meta["step_source"] = "window"
+        t["ranks"] = t["ranks"].set_column(t["ranks"].schema.get_field_index("trace_meta_json"), "trace_meta_json",
+                                           pa.array([json.dumps(meta, sort_keys=True)], pa.string()))
 
 
 def _of_process(t: pa.Table, gpid: int, key: str) -> pa.Table:
@@ -329,7 +376,7 @@ def _rank_row(ex: NsysExport, events: pa.Table, rank_source: str, pid: int, gpid
     kinds = set(pc.unique(events["kind"]).to_pylist())
     devices = sorted(d for d in pc.unique(events["device"]).to_pylist() if d is not None)
     meta = {"source": "nsys", "time_base": ex.time_base, "process_name": ex.processes.get(gpid, (pid, ""))[1],
-            "global_pid": gpid, "cuda_devices": devices, **ex.meta}
+            "global_pid": gpid, "cuda_devices": devices, "step_source": "nvtx", **ex.meta}
     row = {"trace_file": str(ex.path.resolve()), "host": ex.meta.get("Hostname", ""), "pid": pid,
            "world_size": None, "backend": "nccl" if "comm_kernel" in kinds else None,
            "device": "gpu", "rank_source": rank_source, "base_time_ns": ex.time_offset_ns,
