@@ -33,6 +33,8 @@ SMALL_INPUT_BYTES = 16 * 1024 * 1024
 
 _RUN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _TRACE_SUFFIXES = (".json", ".json.gz")
+#: Files read as SQLite (Nsight Systems exports) whatever their first bytes say (else by content).
+_SQLITE_SUFFIXES = (".sqlite", ".sqlite3")
 
 
 @dataclass
@@ -135,7 +137,7 @@ def _parse_one(path: str, rank_arg: int | None, staging: str) -> tuple:
     from .sidecars import check_rank_manifest
     from .nsys import load as load_nsys, looks_like_sqlite
     try:
-        if looks_like_sqlite(path):  # an Nsight Systems export: one rank per GPU process
+        if looks_like_sqlite(path) or path.endswith(_SQLITE_SUFFIXES):  # Nsight Systems: a rank per GPU process
             return ("ok", [_stage(path, b, staging) for b in load_nsys(path, rank_arg)])
         trace = read_trace(path)
         info = trace.meta.get("distributedInfo")
