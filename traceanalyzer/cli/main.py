@@ -209,7 +209,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                                             "NCCL debug logs and NCCL profiler plugin output found there are ingested too")
     s.add_argument("--store", required=True, help="store folder (created if missing)")
     s.add_argument("--run", help="run name (default: the folder name of the first path)")
-    s.add_argument("--rank", type=int, help="rank for traces without distributedInfo.rank (else taken from the file name)")
+    s.add_argument("--rank", type=int, help="rank for traces without distributedInfo.rank (else taken from the file name); for an Nsight Systems export, the rank of its first process (the others follow)")
     s.add_argument("--workers", type=int, help="parallel worker processes (default: number of CPUs)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument("--nccl-log", action="append", metavar="FILE",
