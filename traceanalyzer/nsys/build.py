@@ -32,6 +32,7 @@ import json
 import re
 from collections import Counter
 
+import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -40,7 +41,7 @@ from .. import schema as S
 from ..errors import TraceInputError
 from ..kineto.build import RankTables, _FILE_RANK_RE, _assign_steps, _nested
 from ..kineto.classify import classify
-from .reader import MEM_KIND, MEMCPY_KIND, NVTX_MARK, NsysExport
+from .reader import MEM_KIND, MEMCPY_KIND, NVTX_MARK, NVTX_PUSH_POP, NVTX_START_END, NsysExport
 
 #: NVTX range names that delimit training steps: PyTorch's profiler step, else a user range such
 #: as ``step 12``, ``train_step#12`` or ``iteration 12`` (the number is the step).
@@ -50,6 +51,13 @@ STEP_NAME_RE = re.compile(r"^(?:ProfilerStep#|(?:train[_ ]?)?step[ _#:]*|iterati
 _TORCH_SUFFIX_RE = re.compile(r",\s*(seq|op_id|sizes|input_op_ids)\s*=\s*(.*?)(?=,\s*(?:seq|op_id|sizes|input_op_ids)\s*=|$)")
 _VERSION_SUFFIX_RE = re.compile(r"_v\d+$")
 _PID_MASK, _TID_MASK = 0xFFFFFF, 0xFFFFFF
+
+_JSON = msgspec.json.Encoder()
+
+
+def _json(value) -> str:
+    return _JSON.encode(value).decode()
+
 
 _EVENT_COLS = ("ph", "cat", "name", "ts", "dur", "pid", "tid", "is_gpu", "device", "stream", "corr", "ext", "args")
 
@@ -123,7 +131,7 @@ def _window_event(ev: pa.Table, lo: int, hi: int) -> pa.Table:
     row = {"event_id": ev.num_rows, "ph": "X", "cat": "nsys", "kind": "step", "name": WINDOW_STEP_NAME,
            "ts_ns": lo, "dur_ns": hi - lo, "pid": pid, "tid": tid, "is_gpu": False, "device": None, "stream": None,
            "correlation": None, "external_id": None, "step": WINDOW_STEP, "nested": False,
-           "args_json": json.dumps({"synthetic": True, "step": WINDOW_STEP})}
+           "args_json": _json({"synthetic": True, "step": WINDOW_STEP})}
     return pa.Table.from_pylist([row], schema=S.EVENTS.arrow_schema)
 
 
@@ -194,7 +202,7 @@ def _gpu_part(ex: NsysExport, t: pa.Table, cat: str) -> dict:
         names = [ex.strings.get(lg) or ex.strings.get(s, "") for s, lg in zip(short, long_)]
         dims = {k: _i64(t, k) for k in ("gridX", "gridY", "gridZ", "blockX", "blockY", "blockZ",
                                         "registersPerThread", "staticSharedMemory", "dynamicSharedMemory")}
-        args = [json.dumps({"device": int(dev[i]), "stream": int(stream[i]),
+        args = [_json({"device": int(dev[i]), "stream": int(stream[i]),
                             "grid": [int(dims["gridX"][i]), int(dims["gridY"][i]), int(dims["gridZ"][i])],
                             "block": [int(dims["blockX"][i]), int(dims["blockY"][i]), int(dims["blockZ"][i])],
                             "registers per thread": int(dims["registersPerThread"][i]),
@@ -208,7 +216,7 @@ def _gpu_part(ex: NsysExport, t: pa.Table, cat: str) -> dict:
                      for k, s, d in zip(kind, src, dst)]
         else:
             names = [f"Memset ({MEM_KIND.get(k, 'Unknown')})" for k in _i64(t, "memKind")]
-        args = [json.dumps({"device": int(d), "stream": int(s), "bytes": int(b) if b >= 0 else None})
+        args = [_json({"device": int(d), "stream": int(s), "bytes": int(b) if b >= 0 else None})
                 for d, s, b in zip(dev, stream, nbytes)]
     start, end = _i64(t, "start"), _i64(t, "end")
     return {"ph": ["X"] * n, "cat": [cat] * n, "name": names, "ts": start, "dur": end - start, "pid": dev,
@@ -225,28 +233,40 @@ def _runtime_part(ex: NsysExport, t: pa.Table, pid: int) -> dict:
     return {"ph": ["X"] * n, "cat": cats, "name": names, "ts": start, "dur": end - start,
             "pid": np.full(n, pid, np.int64), "tid": _i64(t, "globalTid") & _TID_MASK, "is_gpu": np.zeros(n, bool),
             "device": np.full(n, -1, np.int64), "stream": np.full(n, -1, np.int64), "corr": corr,
-            "ext": np.full(n, -1, np.int64), "args": [json.dumps({"correlation": int(c)}) for c in corr]}
+            "ext": np.full(n, -1, np.int64), "args": [_json({"correlation": int(c)}) for c in corr]}
+
+
+_TORCH_KEYS = (", seq = ", ", op_id = ", ", sizes = ", ", input_op_ids = ")
 
 
 def _split_torch_text(text: str) -> tuple[str, dict]:
     """'aten::mm, seq = 4, op_id = 7' -> ('aten::mm', {'seq': 4, 'op_id': 7})."""
-    m = _TORCH_SUFFIX_RE.search(text)
-    if not m:
+    cut = min((i for i in map(text.find, _TORCH_KEYS) if i >= 0), default=-1)
+    if cut < 0:
         return text, {}
+    rest = text[cut:]
+    if rest.startswith(", op_id = ") and rest[10:].isdigit():  # the common case, without a regex
+        return text[:cut], {"op_id": int(rest[10:])}
     args = {}
-    for k, v in _TORCH_SUFFIX_RE.findall(text[m.start():]):
+    for k, v in _TORCH_SUFFIX_RE.findall(rest):
         v = v.strip()
         args[k] = int(v) if v.lstrip("-").isdigit() else v
-    return text[:m.start()], args
+    if isinstance(args.get("sizes"), str):  # record_shapes: the shapes, as Kineto's Input Dims
+        try:
+            args["Input Dims"] = json.loads(args["sizes"])
+        except ValueError:
+            pass
+    return text[:cut], args
 
 
 def _nvtx_part(ex: NsysExport, t: pa.Table, pid: int, skipped: Counter) -> dict:
     etype, start, end = _i64(t, "eventType"), _i64(t, "start"), _i64(t, "end")
     text_id, domain = _i64(t, "textId"), _i64(t, "domainId")
     texts = t["text"].cast(pa.string()).to_pylist() if "text" in t.column_names else [None] * t.num_rows
-    keep = np.flatnonzero((etype == NVTX_MARK) | (end >= 0))  # open ranges (never popped) are dropped
-    if t.num_rows - len(keep):
-        skipped["nvtx_range_without_end"] += int(t.num_rows - len(keep))
+    is_range = (etype == NVTX_PUSH_POP) | (etype == NVTX_START_END)
+    keep = np.flatnonzero((etype == NVTX_MARK) | (is_range & (end >= 0)))  # not domain/category records
+    if (is_range & (end < 0)).any():  # ranges never closed in the capture
+        skipped["nvtx_range_without_end"] += int((is_range & (end < 0)).sum())
     ph, cat, names, args, ext = [], [], [], [], np.full(len(keep), -1, np.int64)
     for j, i in enumerate(keep):
         text = texts[i] if texts[i] is not None else ex.strings.get(int(text_id[i]), "")
@@ -261,7 +281,7 @@ def _nvtx_part(ex: NsysExport, t: pa.Table, pid: int, skipped: Counter) -> dict:
         ph.append("i" if etype[i] == NVTX_MARK else "X")
         cat.append(c)
         names.append(name)
-        args.append(json.dumps(a))
+        args.append(_json(a))
     st = start[keep]
     dur = np.where(etype[keep] == NVTX_MARK, 0, end[keep] - st)
     n = len(keep)
