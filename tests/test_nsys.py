@@ -7,13 +7,14 @@ import json
 import shutil
 import sqlite3
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
+from conftest import EXTERNAL, snapshot
 
 import traceanalyzer as ta
 from traceanalyzer.diff import diff_runs
 from traceanalyzer.store import open_store
-
-from conftest import EXTERNAL, snapshot
 
 NSYS = EXTERNAL / "nsys"
 FILES = {"before": NSYS / "mfu_2gpu_before.sqlite", "after": NSYS / "mfu_2gpu_after.sqlite"}
@@ -152,7 +153,7 @@ def test_folder_by_content_and_rank_argument(tmp_path):
 
 
 def _expect_one_line(run_cli, bad, store, *needles):
-    code, out, err = run_cli("ingest", bad, "--store", store, "--quiet")
+    code, _out, err = run_cli("ingest", bad, "--store", store, "--quiet")
     lines = [line for line in err.splitlines() if line.strip()]
     assert code != 0 and len(lines) == 1, err
     assert str(bad) in lines[0], lines[0]
@@ -195,3 +196,39 @@ def test_bad_exports(run_cli, tmp_path, case):
     before = snapshot(kept)
     _expect_one_line(run_cli, bad, kept, *needles)
     assert snapshot(kept) == before
+
+
+def test_steps_from_nvtx_ranges(tmp_path):
+    """A training loop's own NVTX ranges ('step 1', 'step 2' on the main thread, added to a copy of
+    the real export) become steps; a kernel belongs to the step during which it was launched."""
+    from traceanalyzer import nsys
+    path = tmp_path / "steps.sqlite"
+    shutil.copy(FILES["before"], path)
+    con = sqlite3.connect(path)
+    mains = [r[0] for r in con.execute("SELECT globalTid FROM CUPTI_ACTIVITY_KIND_RUNTIME GROUP BY 1 "
+                                       "ORDER BY count(*) DESC LIMIT 2")]
+    lo, hi = con.execute("SELECT min(start), max(end) FROM NVTX_EVENTS").fetchone()
+    mid = (lo + hi) // 2
+    for tid in mains:
+        for text, a, b in (("step 1", lo, mid), ("step 2", mid, hi)):
+            con.execute("INSERT INTO NVTX_EVENTS (start, end, eventType, text, globalTid, domainId) "
+                        "VALUES (?, ?, 59, ?, ?, 0)", (a, b, text, tid))
+    con.commit()
+    # kernels of each process whose launch call started in step 1 (independent join)
+    want = dict(con.execute("""SELECT k.deviceId, count(*) FROM CUPTI_ACTIVITY_KIND_KERNEL k
+                               JOIN CUPTI_ACTIVITY_KIND_RUNTIME r ON r.correlationId = k.correlationId
+                                AND r.globalTid >> 24 = k.globalPid >> 24
+                               WHERE r.start >= ? AND r.start < ? GROUP BY 1""", (lo, mid)).fetchall())
+    con.close()
+    built = nsys.load(path)
+    for b in built:
+        steps = b.tables["steps"].to_pydict()
+        assert steps["step"] == [1, 2]
+        assert steps["dur_ns"] == [mid - lo, hi - mid]
+        events = b.tables["events"]
+        ev = events.filter(pc.is_in(events["kind"], pa.array(["compute_kernel", "comm_kernel"]))).to_pydict()
+        dev = ev["device"][0]
+        assert sum(1 for s in ev["step"] if s == 1) == want[dev]
+        meta = json.loads(b.tables["ranks"]["trace_meta_json"][0].as_py())
+        assert meta["step_source"] == "nvtx"
+

@@ -134,8 +134,9 @@ def _parse_one(path: str, rank_arg: int | None, staging: str) -> tuple:
     from .flight_recorder import read_fr_json, sidecar_path
     from .kineto.build import build_tables
     from .kineto.reader import read_trace
+    from .nsys import load as load_nsys
+    from .nsys import looks_like_sqlite
     from .sidecars import check_rank_manifest
-    from .nsys import load as load_nsys, looks_like_sqlite
     try:
         if looks_like_sqlite(path) or path.endswith(_SQLITE_SUFFIXES):  # Nsight Systems: a rank per GPU process
             return ("ok", [_stage(path, b, staging) for b in load_nsys(path, rank_arg)])

@@ -27,8 +27,16 @@ from ..kineto.build import RankTables
 from .build import STEP_NAME_RE, assign_ranks, build_all
 from .reader import is_nsys_export, looks_like_sqlite, read_export
 
-__all__ = ["load", "is_nsys_export", "looks_like_sqlite", "read_export", "build_all", "assign_ranks",
-           "STEP_NAME_RE", "PG_SOURCE"]
+__all__ = [
+    "PG_SOURCE",
+    "STEP_NAME_RE",
+    "assign_ranks",
+    "build_all",
+    "is_nsys_export",
+    "load",
+    "looks_like_sqlite",
+    "read_export",
+]
 
 #: comms.pg_source of the groups inferred here.
 PG_SOURCE = "nsys_op_order"

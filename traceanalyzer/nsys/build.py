@@ -39,9 +39,16 @@ import pyarrow.compute as pc
 
 from .. import schema as S
 from ..errors import TraceInputError
-from ..kineto.build import RankTables, _FILE_RANK_RE, _assign_steps, _nested
+from ..kineto.build import _FILE_RANK_RE, RankTables, _assign_steps, _nested
 from ..kineto.classify import classify
-from .reader import MEM_KIND, MEMCPY_KIND, NVTX_MARK, NVTX_PUSH_POP, NVTX_START_END, NsysExport
+from .reader import (
+    MEM_KIND,
+    MEMCPY_KIND,
+    NVTX_MARK,
+    NVTX_PUSH_POP,
+    NVTX_START_END,
+    NsysExport,
+)
 
 #: NVTX range names that delimit training steps: PyTorch's profiler step, else a user range such
 #: as ``step 12``, ``train_step#12`` or ``iteration 12`` (the number is the step).
