@@ -139,8 +139,16 @@ def _read(con: sqlite3.Connection, path: Path) -> NsysExport:
                                         "this reader knows (expected `nsys export --type sqlite`, schema 3.x)")
         use = [c for c in cols if c in have]
         rows = con.execute(f"SELECT {', '.join(f'[{c}]' for c in use)} FROM [{name}]").fetchall()
-        return pa.table({c: pa.array([r[i] for r in rows]) if rows else pa.array([], pa.int64())
-                         for i, c in enumerate(use)})
+        cols = list(zip(*rows)) if rows else [() for _ in use]  # rows -> columns, in C
+        del rows
+        out = {}
+        for c, v in zip(use, cols):
+            try:
+                out[c] = pa.array(v) if len(v) else pa.array([], pa.int64())
+            except (pa.ArrowInvalid, pa.ArrowTypeError):
+                raise TraceInputError(path, f"table {name} column {c} holds values of mixed types "
+                                            "(not as nsys writes it)") from None
+        return pa.table(out)
 
     base = ("start", "end", "deviceId", "streamId", "correlationId", "globalPid")
     kernels = table("CUPTI_ACTIVITY_KIND_KERNEL", KERNEL_COLS, base + ("shortName",))
