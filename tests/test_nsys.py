@@ -232,3 +232,22 @@ def test_steps_from_nvtx_ranges(tmp_path):
         meta = json.loads(b.tables["ranks"]["trace_meta_json"][0].as_py())
         assert meta["step_source"] == "nvtx"
 
+
+
+def test_rank_mapping_beside_the_export(tmp_path):
+    """X.ranks.json ({pid: rank}) beside X.sqlite overrides the device order; a bad one is one line."""
+    shutil.copy(FILES["before"], tmp_path / "cap.sqlite")
+    pids = dict(q(FILES["before"], "SELECT DISTINCT k.deviceId, p.pid FROM CUPTI_ACTIVITY_KIND_KERNEL k "
+                                   "JOIN PROCESSES p ON p.globalPid = k.globalPid"))
+    (tmp_path / "cap.ranks.json").write_text(json.dumps({str(pids[0]): 7, str(pids[1]): 3}))
+    rep = ta.ingest([tmp_path], tmp_path / "s", run="m")  # the folder: the mapping is no trace
+    assert sorted((t.rank, t.rank_source) for t in rep.traces) == [(3, "rank_map"), (7, "rank_map")]
+    con = open_store(tmp_path / "s")
+    try:
+        assert con.execute("SELECT DISTINCT device FROM events WHERE rank = 7 AND is_gpu").fetchall() == [(0,)]
+    finally:
+        con.close()
+    (tmp_path / "cap.ranks.json").write_text("[1, 2]")
+    with pytest.raises(ta.TraceInputError, match="cap.ranks.json: unreadable rank mapping"):
+        ta.ingest([tmp_path / "cap.sqlite"], tmp_path / "s2", run="m")
+    assert not (tmp_path / "s2").exists()

@@ -69,7 +69,7 @@ RANKS = Table("ranks", "One row per ingested trace file: who recorded it and whe
     _c("world_size", I32, "world size from distributedInfo (null when absent)"),
     _c("backend", STR, "default process group backend: nccl, gloo, ... (null when absent)"),
     _c("device", STR, "accelerator model from deviceProperties, or 'cpu' for CPU-only traces"),
-    _c("rank_source", STR, "where the rank came from: distributedInfo, file_name, argument, or nsys_process_order (Nsight Systems export: position of the process by lowest CUDA device id)"),
+    _c("rank_source", STR, "where the rank came from: distributedInfo, file_name, argument, or for Nsight Systems exports rank_map (X.ranks.json) or nsys_process_order (position of the process by lowest CUDA device id)"),
     _c("base_time_ns", I64, "baseTimeNanoseconds of the trace (0 when ts are already epoch microseconds)", "ns"),
     _c("start_ts_ns", I64, "first event start", "ns"),
     _c("end_ts_ns", I64, "last event end", "ns"),

@@ -116,7 +116,7 @@ def find_traces(paths: Iterable[str | os.PathLike], allow_empty: bool = False) -
         p = Path(p)
         if p.is_dir():
             found += sorted(f for f in p.rglob("*") if f.is_file() and (
-                (f.name.endswith(_TRACE_SUFFIXES) and not f.name.endswith((".fr.json", "manifest.json"))
+                (f.name.endswith(_TRACE_SUFFIXES) and not f.name.endswith((".fr.json", "manifest.json", ".ranks.json"))
                  and not is_fr_name(f)) or is_nsys_export(f)))
         elif p.exists():
             found.append(p)

@@ -17,12 +17,15 @@ file holds the same window of the job. Sizes are unknown (NVTX carries no tensor
 """
 from __future__ import annotations
 
+import json
 from collections import defaultdict
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from .. import schema as S
+from ..errors import TraceInputError
 from ..kineto.build import RankTables
 from .build import STEP_NAME_RE, assign_ranks, build_all
 from .reader import is_nsys_export, looks_like_sqlite, read_export
@@ -42,9 +45,31 @@ __all__ = [
 PG_SOURCE = "nsys_op_order"
 
 
+#: A rank mapping beside an export ``X.sqlite``: ``X.ranks.json`` holding ``{"<pid>": rank, ...}``
+#: for its GPU processes; it overrides every other rank rule (see :mod:`.build`).
+RANK_MAP_SUFFIX = ".ranks.json"
+
+
+def rank_map_beside(path) -> dict[int, int] | None:
+    """The ``X.ranks.json`` mapping beside export ``X.*`` (None when absent)."""
+    p = Path(path)
+    m = p.with_name(p.name.split(".")[0] + RANK_MAP_SUFFIX) if "." in p.name else p.with_name(p.name + RANK_MAP_SUFFIX)
+    if not m.is_file():
+        return None
+    try:
+        doc = json.loads(m.read_text())
+        return {int(pid): int(rank) for pid, rank in doc.items()}
+    except (OSError, ValueError, TypeError, AttributeError):
+        raise TraceInputError(m, 'unreadable rank mapping: expected JSON {"<pid>": rank, ...} for the '
+                                 "export's GPU processes") from None
+
+
 def load(path, rank_arg: int | None = None, rank_map: dict[int, int] | None = None) -> list[RankTables]:
-    """Read an export into per-process tables (``tables['comms']`` included)."""
+    """Read an export into per-process tables (``tables['comms']`` included). ``rank_map``
+    ({pid: rank}) defaults to the ``X.ranks.json`` beside the export."""
     from ..comms import build_comms
+    if rank_map is None:
+        rank_map = rank_map_beside(path)
     export = read_export(path)
     built = build_all(export, rank_arg, rank_map)
     del export

@@ -22,7 +22,8 @@ it so that the same classification, communication and analysis code applies:
 Ranks (one per process that ran GPU work): ``--rank R`` numbers the file's processes R, R+1, ...
 in order; else a file with one such process takes the rank its file name gives (``rank3``);
 else they are numbered 0, 1, ... by their lowest CUDA device id, then pid (the order ``torchrun``
-gives local ranks on one node). ``rank_map`` ({pid: rank}) overrides all of these.
+gives local ranks on one node). ``rank_map`` ({pid: rank}; by default the ``X.ranks.json`` beside
+export ``X.sqlite``) overrides all of these.
 Steps: NVTX ranges named ``ProfilerStep#N`` (else ``step N`` / ``iteration N``, see STEP_NAME_RE);
 without such ranges in the file, its whole window is one step (WINDOW_STEP).
 """
@@ -100,7 +101,10 @@ def assign_ranks(ex: NsysExport, rank_arg: int | None, rank_map: dict[int, int] 
         missing = [_pid(ex, g) for g in procs if _pid(ex, g) not in rank_map]
         if missing:
             raise TraceInputError(ex.path, f"the rank mapping names no rank for pid(s) {missing}")
-        return [(g, int(rank_map[_pid(ex, g)]), "argument") for g in procs]
+        ranks = [int(rank_map[_pid(ex, g)]) for g in procs]
+        if len(set(ranks)) < len(ranks):
+            raise TraceInputError(ex.path, f"the rank mapping gives two processes one rank ({ranks})")
+        return [(g, r, "rank_map") for g, r in zip(procs, ranks)]
     if rank_arg is not None:
         return [(g, int(rank_arg) + i, "argument") for i, g in enumerate(procs)]
     m = _FILE_RANK_RE.search(ex.path.name)
