@@ -13,7 +13,7 @@ import pytest
 from conftest import EXTERNAL, snapshot
 
 import traceanalyzer as ta
-from traceanalyzer.diff import diff_runs
+from traceanalyzer.analyses.diff import diff_runs
 from traceanalyzer.store import open_store
 
 NSYS = EXTERNAL / "nsys"
@@ -201,7 +201,7 @@ def test_bad_exports(run_cli, tmp_path, case):
 def test_steps_from_nvtx_ranges(tmp_path):
     """A training loop's own NVTX ranges ('step 1', 'step 2' on the main thread, added to a copy of
     the real export) become steps; a kernel belongs to the step during which it was launched."""
-    from traceanalyzer import nsys
+    from traceanalyzer.ingest import nsys
     path = tmp_path / "steps.sqlite"
     shutil.copy(FILES["before"], path)
     con = sqlite3.connect(path)

@@ -38,8 +38,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import schema as S
-from ..errors import TraceInputError
+from ... import schema as S
+from ...errors import TraceInputError
 from ..kineto.build import _FILE_RANK_RE, RankTables, _assign_steps, _nested
 from ..kineto.classify import classify
 from .reader import (

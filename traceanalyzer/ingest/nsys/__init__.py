@@ -24,8 +24,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .. import schema as S
-from ..errors import TraceInputError
+from ... import schema as S
+from ...errors import TraceInputError
 from ..kineto.build import RankTables
 from .build import STEP_NAME_RE, assign_ranks, build_all
 from .reader import is_nsys_export, looks_like_sqlite, read_export

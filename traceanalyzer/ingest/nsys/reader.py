@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from ..errors import TraceInputError
+from ...errors import TraceInputError
 
 SQLITE_MAGIC = b"SQLite format 3\x00"
 
