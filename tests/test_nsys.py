@@ -188,9 +188,9 @@ def test_bad_exports(run_cli, tmp_path, case):
         bad = _copy_without_column(FILES["before"], tmp_path / "nocorr.sqlite", "CUPTI_ACTIVITY_KIND_RUNTIME",
                                    "correlationId")
         needles = ("CUPTI_ACTIVITY_KIND_RUNTIME", "correlationId")
-    fresh = tmp_path / "new_store"
+    fresh = tmp_path / "new" / "store"
     _expect_one_line(run_cli, bad, fresh, *needles)
-    assert not fresh.exists()  # a failed first ingest leaves no store folder behind
+    assert not (tmp_path / "new").exists()  # a failed first ingest leaves no folder it made behind
     kept = tmp_path / "kept"
     ta.ingest([FILES["after"]], kept, run="after")
     before = snapshot(kept)

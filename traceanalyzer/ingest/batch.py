@@ -216,9 +216,9 @@ def ingest(paths, store, run: str | None = None, rank: int | None = None, worker
     if not _RUN_RE.match(run):
         raise TraceAnalyzerError(f"invalid run name {run!r}: use letters, digits, '.', '_' and '-'")
     store = Path(store)
-    new_store = not store.exists()
+    created = _first_missing(store)  # the top folder this ingest creates, if any
     st.check_writable(store)
-    with st.locked(store), _removed_on_failure(store if new_store else None):
+    with st.locked(store), _removed_on_failure(created):
         manifest = st.read_manifest(store)
         staging = store / f".staging-{uuid.uuid4().hex}"
         staging.mkdir()
@@ -243,14 +243,24 @@ def ingest(paths, store, run: str | None = None, rank: int | None = None, worker
     return IngestReport(str(store), run, summaries, time.perf_counter() - t0, side_done, already)
 
 
+def _first_missing(path: Path) -> Path | None:
+    """The outermost of ``path`` and its parents that does not exist yet (None: ``path`` exists)."""
+    missing = None
+    for p in (path.absolute(), *path.absolute().parents):
+        if p.exists():
+            return missing
+        missing = p
+    return missing
+
+
 @contextmanager
-def _removed_on_failure(store: Path | None):
-    """A failed ingest into a store folder it created leaves no (empty) folder behind."""
+def _removed_on_failure(created: Path | None):
+    """A failed ingest leaves no (empty) store folder, nor parent folders, that it created."""
     try:
         yield
     except BaseException:
-        if store is not None:
-            shutil.rmtree(store, ignore_errors=True)
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
         raise
 
 
