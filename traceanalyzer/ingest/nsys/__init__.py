@@ -1,13 +1,13 @@
 """Nsight Systems SQLite exports (``nsys export --type sqlite``) as a trace source.
 
-``load(path)`` reads one export and returns one :class:`~traceanalyzer.kineto.build.RankTables`
-per process that ran GPU work, with its ``comms`` table built; :mod:`traceanalyzer.ingest` stages
+``load(path)`` reads one export and returns one :class:`~traceanalyzer.ingest.kineto.build.RankTables`
+per process that ran GPU work, with its ``comms`` table built; :mod:`traceanalyzer.ingest.batch` stages
 and commits them like Kineto traces. See :mod:`.reader` (tables, time base) and :mod:`.build`
 (mapping, rank and step rules).
 
 Communication: PyTorch's NVTX ranges (``c10d::<op>`` > ``record_param_comms`` > ``nccl:<op>``)
 around the NCCL kernel launch give each NCCL kernel its op, as for Kineto's legacy dialect
-(:mod:`traceanalyzer.comms`); a kernel without them keeps the op its name gives. nsys records no
+(:mod:`traceanalyzer.ingest.comms`); a kernel without them keeps the op its name gives. nsys records no
 process group, so the group is inferred (``pg_source='nsys_op_order'``): one group per op
 (``pg_name='nsys:<op>'``, e.g. ``nsys:all_to_all``), whose members are the file's processes that
 ran it, and ``seq`` numbers a rank's collectives of that op in time order. The same collective

@@ -1,4 +1,4 @@
-"""An Nsight Systems export -> one :class:`~traceanalyzer.kineto.build.RankTables` per process.
+"""An Nsight Systems export -> one :class:`~traceanalyzer.ingest.kineto.build.RankTables` per process.
 
 Mapping onto the canonical tables (see :mod:`traceanalyzer.schema`), spelled as Kineto spells
 it so that the same classification, communication and analysis code applies:
