@@ -204,7 +204,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("ingest", help="parse Kineto traces (.json/.json.gz, files or folders) into a store")
+    s = sub.add_parser("ingest", help="parse Kineto traces (.json/.json.gz) and Nsight Systems SQLite exports (files or folders) into a store")
     s.add_argument("paths", nargs="*", help="trace files or folders (searched recursively); Flight Recorder dumps, "
                                             "NCCL debug logs and NCCL profiler plugin output found there are ingested too")
     s.add_argument("--store", required=True, help="store folder (created if missing)")
