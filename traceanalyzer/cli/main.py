@@ -205,12 +205,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("ingest", help="parse Kineto traces (.json/.json.gz, files or folders) into a store")
+    s = sub.add_parser("ingest", help="parse Kineto traces (.json/.json.gz) and Nsight Systems SQLite exports (files or folders) into a store")
     s.add_argument("paths", nargs="*", help="trace files or folders (searched recursively); Flight Recorder dumps, "
                                             "NCCL debug logs and NCCL profiler plugin output found there are ingested too")
     s.add_argument("--store", required=True, help="store folder (created if missing)")
     s.add_argument("--run", help="run name (default: the folder name of the first path)")
-    s.add_argument("--rank", type=int, help="rank for traces without distributedInfo.rank (else taken from the file name)")
+    s.add_argument("--rank", type=int, help="rank for traces without distributedInfo.rank (else taken from the file name); for an Nsight Systems export, the rank of its first process (the others follow)")
     s.add_argument("--workers", type=int, help="parallel worker processes (default: number of CPUs)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument("--nccl-log", action="append", metavar="FILE",

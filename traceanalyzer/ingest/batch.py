@@ -17,6 +17,7 @@ import traceback
 import uuid
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -32,6 +33,8 @@ SMALL_INPUT_BYTES = 16 * 1024 * 1024
 
 _RUN_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 _TRACE_SUFFIXES = (".json", ".json.gz")
+#: Files read as SQLite (Nsight Systems exports) whatever their first bytes say (else by content).
+_SQLITE_SUFFIXES = (".sqlite", ".sqlite3")
 
 
 @dataclass
@@ -107,18 +110,21 @@ def format_ranges(values) -> str:
 def find_traces(paths: Iterable[str | os.PathLike], allow_empty: bool = False) -> list[Path]:
     """Trace files named by ``paths`` (files, or folders searched recursively)."""
     from .flight_recorder import is_fr_name
+    from .nsys import is_nsys_export
     found: list[Path] = []
     for p in paths:
         p = Path(p)
         if p.is_dir():
-            found += sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(_TRACE_SUFFIXES)
-                            and not f.name.endswith((".fr.json", "manifest.json")) and not is_fr_name(f))
+            found += sorted(f for f in p.rglob("*") if f.is_file() and (
+                (f.name.endswith(_TRACE_SUFFIXES) and not f.name.endswith((".fr.json", "manifest.json", ".ranks.json"))
+                 and not is_fr_name(f)) or is_nsys_export(f)))
         elif p.exists():
             found.append(p)
         else:
             raise TraceInputError(p, "no such file or folder")
     if not found and not allow_empty:
-        raise TraceAnalyzerError("no trace files (*.json, *.json.gz) found in " + ", ".join(map(str, paths)))
+        raise TraceAnalyzerError("no trace files (Kineto *.json, *.json.gz or Nsight Systems SQLite exports) found in "
+                                 + ", ".join(map(str, paths)))
     return found
 
 
@@ -128,8 +134,12 @@ def _parse_one(path: str, rank_arg: int | None, staging: str) -> tuple:
     from .flight_recorder import read_fr_json, sidecar_path
     from .kineto.build import build_tables
     from .kineto.reader import read_trace
+    from .nsys import load as load_nsys
+    from .nsys import looks_like_sqlite
     from .sidecars import check_rank_manifest
     try:
+        if looks_like_sqlite(path) or path.endswith(_SQLITE_SUFFIXES):  # Nsight Systems: a rank per GPU process
+            return ("ok", [_stage(path, b, staging) for b in load_nsys(path, rank_arg)])
         trace = read_trace(path)
         info = trace.meta.get("distributedInfo")
         built = build_tables(trace, rank_arg)
@@ -139,22 +149,27 @@ def _parse_one(path: str, rank_arg: int | None, staging: str) -> tuple:
         fr_path = sidecar_path(path, built.rank)
         fr = read_fr_json(fr_path) if fr_path else None
         t["comms"] = build_comms(t["events"], t["process_groups"], t["threads"], info, built.rank, fr)
-        folder = Path(staging) / uuid.uuid4().hex
-        folder.mkdir(parents=True)
-        staged = {}
-        for name, table in t.items():
-            out = folder / f"{name}.parquet"
-            st.write_table(table.select(S.TABLES[name].column_names), out)
-            staged[name] = str(out)
-        counts = {name: table.num_rows for name, table in t.items()}
-        return ("ok", TraceSummary(str(Path(path).resolve()), built.rank, built.rank_source, built.start_ts_ns,
-                                   built.end_ts_ns, counts, dict(built.skipped), staged))
+        return ("ok", _stage(path, built, staging))
     except TraceInputError as exc:
         return ("error", exc.path, exc.problem)
     except MemoryError:
         return ("error", path, "out of memory while parsing")
     except Exception as exc:  # a bug of ours: say so, keep the traceback for --debug
         return ("error", path, f"internal error while parsing ({type(exc).__name__}: {exc})", traceback.format_exc())
+
+
+def _stage(path: str, built, staging: str) -> TraceSummary:
+    """Write one rank's tables (comms included) into a fresh staging folder."""
+    folder = Path(staging) / uuid.uuid4().hex
+    folder.mkdir(parents=True)
+    staged = {}
+    for name, table in built.tables.items():
+        out = folder / f"{name}.parquet"
+        st.write_table(table.select(S.TABLES[name].column_names), out)
+        staged[name] = str(out)
+    counts = {name: table.num_rows for name, table in built.tables.items()}
+    return TraceSummary(str(Path(path).resolve()), built.rank, built.rank_source, built.start_ts_ns,
+                        built.end_ts_ns, counts, dict(built.skipped), staged)
 
 
 def _size(path: Path) -> int:
@@ -201,8 +216,9 @@ def ingest(paths, store, run: str | None = None, rank: int | None = None, worker
     if not _RUN_RE.match(run):
         raise TraceAnalyzerError(f"invalid run name {run!r}: use letters, digits, '.', '_' and '-'")
     store = Path(store)
+    created = _first_missing(store)  # the top folder this ingest creates, if any
     st.check_writable(store)
-    with st.locked(store):
+    with st.locked(store), _removed_on_failure(created):
         manifest = st.read_manifest(store)
         staging = store / f".staging-{uuid.uuid4().hex}"
         staging.mkdir()
@@ -225,6 +241,27 @@ def ingest(paths, store, run: str | None = None, rank: int | None = None, worker
         except OSError:
             pass
     return IngestReport(str(store), run, summaries, time.perf_counter() - t0, side_done, already)
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost of ``path`` and its parents that does not exist yet (None: ``path`` exists)."""
+    missing = None
+    for p in (path.absolute(), *path.absolute().parents):
+        if p.exists():
+            return missing
+        missing = p
+    return missing
+
+
+@contextmanager
+def _removed_on_failure(created: Path | None):
+    """A failed ingest leaves no (empty) store folder, nor parent folders, that it created."""
+    try:
+        yield
+    except BaseException:
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        raise
 
 
 def _parse_all(files: list[Path], rank: int | None, staging: Path, workers: int | None, progress: bool) -> list[TraceSummary]:
@@ -261,7 +298,8 @@ def _parse_all(files: list[Path], rank: int | None, staging: Path, workers: int 
             err = TraceInputError(r[1], r[2])
             err.debug_traceback = r[3] if len(r) > 3 else None
             raise err
-    return sorted((r[1] for r in results), key=lambda s: (s.rank, s.start_ts_ns))
+    done = [s for r in results for s in (r[1] if isinstance(r[1], list) else [r[1]])]  # nsys: several ranks a file
+    return sorted(done, key=lambda s: (s.rank, s.start_ts_ns))
 
 
 def _assign_windows(summaries: list[TraceSummary], manifest: st.Manifest, run: str) -> None:

@@ -36,7 +36,10 @@ def _run(rr: RunReport, fig_dir: Path | None, fig_rel: str) -> list[str]:
     s = rr.shape
     out = [f"## Run {md(rr.run)}", "",
            f"{len(s['ranks'])} ranks, backend {md(s['backend'])}, {len(s['steps'])} steps, median step "
-           f"{rr.metrics.get('step_ms') or 0:.2f} ms.", ""]
+           + (f"{rr.metrics['step_ms']:.2f} ms." if rr.metrics.get("step_ms") is not None else "n/a."), ""]
+    if not s["steps"]:
+        out += ["No step ranges in the trace (ProfilerStep#N, or NVTX `step N` ranges in an nsys export): "
+                "per-step analyses (stragglers, phases, imbalance, what-if replay) cannot run.", ""]
     if s["pipeline"]:
         p = s["pipeline"]
         out += [f"Pipeline: {p['stages']} stages x {p['stages_per_rank']}, {p['microbatches']:g} micro-batches, "

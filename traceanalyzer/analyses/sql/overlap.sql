@@ -82,7 +82,7 @@ SELECT i.run, i.rank, i.window_id, i.step, i.lo_ns, i.hi_ns, i.exposed_ns,
        coalesce(cv.comm_name, c.exec_name) AS comm_name, b.compute_before, f.compute_after,
        i.rank_order
 FROM intervals i
-LEFT JOIN covering cv USING (run, rank, window_id, step, lo_ns)
+LEFT JOIN covering cv USING (run, rank, window_id, lo_ns)  -- not step: it is null in traces without steps
 LEFT JOIN comms c ON c.run = i.run AND c.rank = i.rank AND c.window_id = i.window_id AND c.comm_id = cv.comm_id
 LEFT JOIN before b USING (run, rank, window_id, lo_ns)
 LEFT JOIN after f USING (run, rank, window_id, lo_ns);
