@@ -423,7 +423,7 @@ def describe() -> str:
 # prints with --json. Each is the output of one SQL view of traceanalyzer/analyses/sql/; the view's
 # columns must be exactly these (a test checks it). Bump RESULTS_VERSION when one changes.
 
-RESULTS_VERSION = "1.1"
+RESULTS_VERSION = "1.2"
 
 
 def _r(name: str, doc: str, cols: list[tuple]) -> Table:
@@ -517,7 +517,12 @@ RESULTS: dict[str, Table] = {t.name: t for t in (
         ("max_launch_delay_ns", I64, _NS, "largest"), ("mean_launch_dur_ns", F64, _NS, "mean launch call duration"),
         ("mean_gpu_dur_ns", F64, _NS, "mean GPU duration"),
         ("short_kernels", I64, "", "GPU time shorter than the launch call (launch <= 50 us): launch-bound"),
-        ("launch_outliers", I64, "", "launch calls > 50 us"), ("delay_outliers", I64, "", "launch delays > 100 us")]),
+        ("launch_outliers", I64, "", "launch calls > 50 us"),
+        ("delay_outliers", I64, "", "launch delays > 100 us (after removing a detected clock offset)"),
+        ("min_launch_delay_ns", I64, _NS, "quickest GPU start - end of its launch call, not clipped (about 0 or below unless the clocks are offset)"),
+        ("clock_offset_ns", I64, _NS, "CPU/GPU clock offset detected from the launches (GPU - CPU); NULL when none"),
+        ("clock_offset_reason", STR, "", "why a clock offset is suspected (NULL when none)"),
+        ("corrected_median_launch_delay_ns", F64, _NS, "median launch delay less the detected offset")]),
     _r("queue_length", "Launched-but-not-started GPU operations per stream.", _RUN_RANK + [
         ("stream", I64, "", "GPU stream"), ("launches", I64, "", "launches"), ("max_queue", F64, "", "largest queue"),
         ("mean_queue", F64, "", "time-weighted mean queue length")]),
