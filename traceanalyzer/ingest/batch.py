@@ -46,6 +46,8 @@ class TraceSummary:
     skipped: dict[str, int]
     staged: dict[str, str]  # table -> staged parquet path
     window: int = -1
+    #: communication ops whose size / process group the trace does not say (see :func:`unknown_comms`)
+    unknown: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -83,9 +85,37 @@ class IngestReport:
         side = summary_line(self.sidecars, self.sidecars_already_in_store)
         if side:
             line += "\n" + side
+        line += unknown_warning(self.traces)
         if self.skipped:
             line += "\n  skipped or repaired: " + ", ".join(f"{k}={v:,}" for k, v in sorted(self.skipped.items()))
         return line
+
+
+def unknown_comms(comms) -> dict[str, int]:
+    """Counts of communication ops whose message size (``size``; a barrier carries none) or
+    process group (``group``; collectives only) is unknown: stored as NULL, never as 0."""
+    import pyarrow.compute as pc
+    if comms.num_rows == 0:
+        return {}
+    sized = comms.filter(pc.invert(pc.equal(pc.fill_null(comms["op"], ""), "barrier")))
+    coll = comms.filter(pc.invert(comms["is_p2p"]))
+    out = {"size": sized["in_bytes"].null_count, "group": coll["pg_name"].null_count, "ops": comms.num_rows}
+    return out if out["size"] or out["group"] else {}
+
+
+def unknown_warning(traces: list[TraceSummary]) -> str:
+    """The ingest summary's warning lines for unknown sizes and groups ('' when all are known)."""
+    text = ""
+    for key, what, why in (("size", "message size", "recorded without record_shapes?"),
+                           ("group", "process group", "no Flight Recorder dump and no process group in the trace")):
+        hit = [t for t in traces if t.unknown.get(key)]
+        if hit:
+            n = sum(t.unknown[key] for t in hit)
+            total = sum(t.counts.get("comms", 0) for t in traces)
+            text += (f"\n  warning: {n:,} of {total:,} communication ops on rank(s) "
+                     f"{format_ranges({t.rank for t in hit})} have an unknown {what} ({why}): shown as n/a, "
+                     "not 0; analyses that need it leave those ops out")
+    return text
 
 
 def format_ranges(values) -> str:
@@ -148,7 +178,8 @@ def _parse_one(path: str, rank_arg: int | None, staging: str) -> tuple:
             staged[name] = str(out)
         counts = {name: table.num_rows for name, table in t.items()}
         return ("ok", TraceSummary(str(Path(path).resolve()), built.rank, built.rank_source, built.start_ts_ns,
-                                   built.end_ts_ns, counts, dict(built.skipped), staged))
+                                   built.end_ts_ns, counts, dict(built.skipped), staged,
+                                   unknown=unknown_comms(t["comms"])))
     except TraceInputError as exc:
         return ("error", exc.path, exc.problem)
     except MemoryError:

@@ -29,6 +29,7 @@ class RunData:
     params: dict                        # the analysis parameters the results were computed with
     pipeline_idle: pd.DataFrame = field(default_factory=pd.DataFrame)  # run, rank, stage, step, kind, caused_by_rank, lo_ns, hi_ns, dur_ns
     events: int = 0                     # stored events of the run (what a replay graph has to hold)
+    caveats: list[str] = field(default_factory=list)  # what the report cannot know or corrected (caveats.py)
 
     def r(self, name: str) -> pd.DataFrame:
         """The result table ``name`` of this run (empty with the schema's columns if absent)."""
@@ -98,6 +99,8 @@ def load_run(con, store: str | os.PathLike, run: str, with_intervals: bool = Tru
     events = con.execute("SELECT count(*) FROM events WHERE run = $run", {"run": run}).fetchone()[0]
     data = RunData(run=run, results=results, ranks=ranks, groups=groups, params=dict(entry.get("params", {})),
                    events=int(events))
+    from .caveats import run_caveats
+    data.caveats = run_caveats(con, run, results.get("launch_stats"))
     if with_intervals and not data.r("pipeline_shape").empty:
         data.pipeline_idle = pipeline_idle(con, run, data.params)
     return data
