@@ -106,3 +106,15 @@ def test_exposed_communication_attributed_on_every_dlrm_rank(tmp_path):
     A.prepare(con)
     exposed = con.sql("SELECT rank, op, seq, bytes FROM exposed_comm").df()
     assert len(exposed) > 0 and exposed["op"].notna().all() and exposed["seq"].notna().all()
+
+
+def test_report_states_the_clock_offset(tmp_path):
+    need_external()
+    from traceanalyzer.report import build_report
+
+    path = _shifted(ROCM, tmp_path / "rocm_offset.json.gz", OFFSET_NS)
+    store = tmp_path / "s"
+    ta.ingest([path], store, run="r", rank=0)
+    caveats = build_report(store, figures=False, replay=False).runs[0].caveats
+    clock = [c for c in caveats if "clock offset" in c]
+    assert len(clock) == 1 and clock[0].startswith("Rank 0: every one of 16 GPU ops started 30.0 ms or more")
