@@ -40,7 +40,7 @@ def test_trace_only_matching_agrees_with_the_flight_recorder(stores):
     truth = fr_con.sql(ROWS).df()
     got = con.sql(ROWS).df()
     assert set(got["seq_source"]) == {"order"} and got["pg_name"].notna().all()
-    joined = truth[truth["seq_source"] == "flight_recorder"]
+    joined = truth[(truth["seq_source"] == "flight_recorder") & truth["enqueue_event_id"].notna()]
     # every enqueue of both ranks joined its FR entry: 15 collectives per step (14 on the default group + a
     # subgroup's 2; the send/recv pair is p2p) x 3 profiled steps, less the last step's subgroup ops and object
     # broadcast, whose FR entries lie outside the window's enqueue spans on this recording
@@ -104,3 +104,23 @@ def test_list_collectives_have_bytes(stores):
     # all_gather of a 2-rank group: the output is twice the input, the list form as the tensor form
     ag = rows[rows["op"] == "all_gather"]
     assert len(ag) == 6 and ((ag["out_bytes"] == 2 * ag["in_bytes"])).all()
+
+
+def test_every_execution_has_its_fr_seq_and_the_trace_alone_finds_it(stores):
+    """Executions without an enqueue of their own (the list reduce_scatter's second gloo:all_reduce)
+    join the FR too, and no two collectives of a group share a seq, with or without the FR."""
+    fr_con, con = stores
+    for c in (fr_con, con):
+        dup = c.sql("""SELECT rank, pg_name, seq, count(*) AS n FROM comms WHERE NOT is_p2p
+                       GROUP BY ALL HAVING count(*) > 1""").df()
+        assert dup.empty, dup
+    truth = fr_con.sql(ROWS).df()
+    assert set(truth["seq_source"]) == {"flight_recorder"}
+    fr = fr_con.sql("SELECT rank, pg_name, collective_seq_id AS seq, profiling_name FROM fr_entries").df()
+    named = truth.merge(fr, on=["rank", "pg_name", "seq"])
+    assert len(named) == len(truth) and (named["profiling_name"] == named["exec_name"]).all()
+    got = con.sql(ROWS).df()
+    m = truth.merge(got, on=["rank", "exec_event_id"], suffixes=("_fr", ""))
+    assert len(m) == len(truth) == len(got)
+    assert (m["pg_name_fr"] == m["pg_name"]).all()
+    assert ((m["seq_fr"] - m["seq"]).groupby([m["rank"], m["pg_name"]]).nunique() == 1).all()
