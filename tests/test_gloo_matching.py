@@ -2,7 +2,7 @@
 
 traces/coll_gloo_2rank: a real 2-rank gloo run calling every collective once per step (plus a
 subgroup's all_reduce and broadcast, and a send/recv pair), shipped without its FR dumps; the dumps
-lie in its fr_truth/ folder. Ingested with them, every enqueue gets its (group, seq) from the FR
+lie in its fr_truth/ folder as rank<R>.fr.json.truth (a name no ingest takes for a dump). Ingested with them, every enqueue gets its (group, seq) from the FR
 entry created inside its span; ingested without, matching must find the same (op, group, seq) and
 the same execution span, from enqueue order, runloop threads and op names only.
 """
@@ -28,8 +28,8 @@ def stores(tmp_path_factory):
     for f in RUN.iterdir():
         if f.is_file():
             shutil.copy(f, with_fr / f.name)
-    for f in (RUN / "fr_truth").iterdir():
-        shutil.copy(f, with_fr / f.name)
+    for f in (RUN / "fr_truth").glob("*.truth"):  # named so that no ingest of RUN picks them up
+        shutil.copy(f, with_fr / f.name.removesuffix(".truth"))
     ta.ingest([with_fr], tmp / "fr", run="fr")
     ta.ingest([RUN], tmp / "nofr", run="nofr")
     return ta.open(tmp / "fr"), ta.open(tmp / "nofr")

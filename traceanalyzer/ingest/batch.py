@@ -91,15 +91,17 @@ class IngestReport:
         return line
 
 
-def unknown_comms(comms) -> dict[str, int]:
+def unknown_comms(comms, shapes_on: bool = False) -> dict[str, int]:
     """Counts of communication ops whose message size (``size``; a barrier carries none) or
-    process group (``group``; collectives only) is unknown: stored as NULL, never as 0."""
+    process group (``group``; collectives only) is unknown: stored as NULL, never as 0.
+    ``shapes_on``: the trace says record_shapes was on (``shapes_on`` = 1 in the result)."""
     import pyarrow.compute as pc
     if comms.num_rows == 0:
         return {}
     sized = comms.filter(pc.invert(pc.equal(pc.fill_null(comms["op"], ""), "barrier")))
     coll = comms.filter(pc.invert(comms["is_p2p"]))
-    out = {"size": sized["in_bytes"].null_count, "group": coll["pg_name"].null_count, "ops": comms.num_rows}
+    out = {"size": sized["in_bytes"].null_count, "group": coll["pg_name"].null_count, "ops": comms.num_rows,
+           "shapes_on": int(shapes_on)}
     return out if out["size"] or out["group"] else {}
 
 
@@ -109,6 +111,8 @@ def unknown_warning(traces: list[TraceSummary]) -> str:
     for key, what, why in (("size", "message size", "recorded without record_shapes?"),
                            ("group", "process group", "no Flight Recorder dump and no process group in the trace")):
         hit = [t for t in traces if t.unknown.get(key)]
+        if hit and key == "size" and all(t.unknown.get("shapes_on") for t in hit):
+            why = "record_shapes was on, but the trace holds no size or dtype for them"
         if hit:
             n = sum(t.unknown[key] for t in hit)
             total = sum(t.counts.get("comms", 0) for t in traces)
@@ -162,6 +166,7 @@ def _parse_one(path: str, rank_arg: int | None, staging: str) -> tuple:
     try:
         trace = read_trace(path)
         info = trace.meta.get("distributedInfo")
+        shapes_on = bool(trace.meta.get("record_shapes"))  # Kineto writes "record_shapes": 1 when it was on
         built = build_tables(trace, rank_arg)
         del trace
         check_rank_manifest(path, built.rank, built.rank_source)
@@ -179,7 +184,7 @@ def _parse_one(path: str, rank_arg: int | None, staging: str) -> tuple:
         counts = {name: table.num_rows for name, table in t.items()}
         return ("ok", TraceSummary(str(Path(path).resolve()), built.rank, built.rank_source, built.start_ts_ns,
                                    built.end_ts_ns, counts, dict(built.skipped), staged,
-                                   unknown=unknown_comms(t["comms"])))
+                                   unknown=unknown_comms(t["comms"], shapes_on)))
     except TraceInputError as exc:
         return ("error", exc.path, exc.problem)
     except MemoryError:
