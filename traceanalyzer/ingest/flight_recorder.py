@@ -24,7 +24,6 @@ enqueue op whose span holds ``time_created_ns`` is that FR entry's collective.
 from __future__ import annotations
 
 import bisect
-
 import json
 import re
 from dataclasses import dataclass, field
