@@ -124,3 +124,12 @@ def test_every_execution_has_its_fr_seq_and_the_trace_alone_finds_it(stores):
     assert len(m) == len(truth) == len(got)
     assert (m["pg_name_fr"] == m["pg_name"]).all()
     assert ((m["seq_fr"] - m["seq"]).groupby([m["rank"], m["pg_name"]]).nunique() == 1).all()
+
+
+def test_scatter_receiver_size_from_the_fr_dtype(stores):
+    """The receiving rank of a gloo scatter records the element count (its output list) but no dtype:
+    unknown from the trace alone (NULL, not 0), known with the FR entry's dtype."""
+    fr_con, con = stores
+    q = "SELECT in_bytes FROM comms WHERE op = 'scatter' AND rank = 1"
+    assert con.sql(q).df()["in_bytes"].isna().all()
+    assert (fr_con.sql(q).df()["in_bytes"] == 384 * 4).all()

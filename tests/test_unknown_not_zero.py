@@ -64,3 +64,13 @@ def test_report_says_sizes_are_unknown(stores):
     assert runs["shapes"].caveats == []
     text = render_markdown(report)
     assert text.count("Caveats") == 1 and "Message sizes unknown" in text
+
+
+def test_fr_dump_gives_the_dtype_the_trace_lacks(tmp_path):
+    """gloo on CUDA tensors: some gloo:all_reduce spans record no shapes and the enqueue's tensor
+    list no dtype; the Flight Recorder entry has it, so no size stays unknown (no false warning)."""
+    report = ta.ingest([TRACES / "ddp_gloo_cuda_2rank"], tmp_path / "s")
+    assert "warning" not in report.summary() and all(not t.unknown for t in report.traces)
+    con = ta.open(tmp_path / "s")
+    n = con.sql("SELECT count(*) AS n FROM comms WHERE in_bytes IS NULL OR in_bytes = 0").df()["n"][0]
+    assert n == 0

@@ -154,9 +154,12 @@ def build_comms(events: pa.Table, process_groups: pa.Table, threads: pa.Table, i
         for r in rows:
             if r["pg_source"] == "flight_recorder":
                 ctx.fill_pg(r)
+            if r.get("fr_dtype") and r["elem_bytes"] is None and r["in_nelems"] is not None:
+                ctx._set_sizes(r, r["in_nelems"], r["out_nelems"], r["fr_dtype"])  # dtype from the FR entry
     _number(rows)
     for r in rows:
         r.pop("fr_seq", None)
+        r.pop("fr_dtype", None)
     table = pa.Table.from_pylist(rows, schema=S.COMMS.arrow_schema)
     return table
 

@@ -50,6 +50,7 @@ class FrEntry(msgspec.Struct, gc=False):
     time_created_ns: int = 0
     is_p2p: bool = False
     input_sizes: Any = None
+    input_dtypes: Any = None
 
 
 @dataclass
@@ -244,7 +245,8 @@ def read_fr_json(path: str | Path) -> list[FrEntry]:
     """The entries of an FR dump (JSON or pickle), as needed by :func:`join_fr`."""
     dump = read_fr_dump(path)
     return [FrEntry(e["collective_seq_id"], [e["pg_name"], e["pg_desc"]], e["profiling_name"],
-                    e["time_created_ns"] or 0, e["is_p2p"], e["input_sizes"]) for e in dump.entries]
+                    e["time_created_ns"] or 0, e["is_p2p"], e["input_sizes"], e.get("input_dtypes"))
+            for e in dump.entries]
 
 
 read_fr_entries = read_fr_json
@@ -278,6 +280,7 @@ def join_fr(rows: list[dict], entries: list[FrEntry]) -> int:
         elif r.get("pg_name") is not None and str(e.process_group[0]) != str(r["pg_name"]):
             continue
         r["fr_seq"] = e.collective_seq_id
+        r["fr_dtype"] = _first_dtype(e)
         e_used.add(id(e))
         joined += 1
         i += 1
@@ -305,6 +308,14 @@ def _join_fr_orphans(rows: list[dict], collectives: list[FrEntry], used: set[int
             continue
         e = cands[k]
         used.add(id(e))
-        r.update(pg_name=str(e.process_group[0]), pg_source="flight_recorder", pg_inferred=False, fr_seq=e.collective_seq_id)
+        r.update(pg_name=str(e.process_group[0]), pg_source="flight_recorder", pg_inferred=False, fr_seq=e.collective_seq_id,
+                 fr_dtype=_first_dtype(e))
         joined += 1
     return joined
+
+
+def _first_dtype(e: FrEntry) -> str | None:
+    """The entry's first input dtype ('Float', ...): what a gloo row lacks when neither its span nor
+    its enqueue (a TensorList argument) records one."""
+    dtypes = e.input_dtypes
+    return dtypes[0] if isinstance(dtypes, list) and dtypes and isinstance(dtypes[0], str) else None
