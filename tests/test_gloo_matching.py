@@ -133,3 +133,24 @@ def test_scatter_receiver_size_from_the_fr_dtype(stores):
     q = "SELECT in_bytes FROM comms WHERE op = 'scatter' AND rank = 1"
     assert con.sql(q).df()["in_bytes"].isna().all()
     assert (fr_con.sql(q).df()["in_bytes"] == 384 * 4).all()
+
+
+def test_dp_groups_of_a_pp_x_dp_run_found_across_ranks(tmp_path):
+    """traces/pp_1f1b_2x2_dp without its FR dumps: each rank is in 3 groups but only its DP group's
+    runloop threads ran anything, so no trace alone names the group of its all_reduces; across the
+    ranks exactly one group has every member running the same ones (coll_groups.py)."""
+    src = TRACES / "pp_1f1b_2x2_dp"
+    nofr = tmp_path / "nofr"
+    nofr.mkdir()
+    for f in src.iterdir():
+        if not f.name.endswith(".fr.json"):
+            shutil.copy(f, nofr / f.name)
+    report = ta.ingest([nofr], tmp_path / "n", run="n")
+    assert "warning" not in report.summary()
+    ta.ingest([src], tmp_path / "f", run="f")
+    q = "SELECT rank, exec_event_id, pg_name, pg_source, seq FROM comms WHERE NOT is_p2p"
+    got, truth = ta.open(tmp_path / "n").sql(q).df(), ta.open(tmp_path / "f").sql(q).df()
+    assert set(truth["pg_source"]) == {"flight_recorder"} and set(got["pg_source"]) == {"collective_match"}
+    m = truth.merge(got, on=["rank", "exec_event_id"], suffixes=("_fr", ""))
+    assert len(m) == len(truth) == len(got) == 12 and (m["pg_name_fr"] == m["pg_name"]).all()
+    assert set(m["pg_name"]) == {"3", "4"}  # DP groups [0, 2] and [1, 3]

@@ -142,7 +142,7 @@ COMMS = Table("comms", "One row per communication operation on a rank, normalise
     _c("pg_desc", STR, "process group description"),
     _c("pg_ranks", pa.list_(I32), "global ranks of the group"),
     _c("group_size", I32, "members of the group"),
-    _c("pg_source", STR, "where pg_name came from: op_args, kernel_args, flight_recorder, runloop_thread (inferred), default_pg (inferred), p2p_match (gloo p2p: the group under which sender and receiver agree, see p2p_groups.py), none"),
+    _c("pg_source", STR, "where pg_name came from: op_args, kernel_args, flight_recorder, runloop_thread (inferred), default_pg (inferred), p2p_match (gloo p2p: the group under which sender and receiver agree, see p2p_groups.py), collective_match (gloo collectives: the one group whose members all ran the same unresolved collectives, see coll_groups.py; inferred), none"),
     _c("pg_inferred", BOOL, "true when the process group was inferred rather than recorded"),
     _c("seq", I64, "collective sequence index per (run, rank, pg_name): joins the same collective across the ranks of its group (see seq_source for its origin and base). Null for p2p"),
     _c("seq_source", STR, "nccl_seq (the trace's Seq arg), flight_recorder (collective_seq_id, 1-based, from the rank's FR dump), order (0-based position among this rank's collectives of the group in this window)"),

@@ -226,7 +226,7 @@ def ingest(paths, store, run: str | None = None, rank: int | None = None, worker
     with a one-line message; the store is then unchanged.
     """
     t0 = time.perf_counter()
-    from . import p2p_groups, sidecars
+    from . import coll_groups, p2p_groups, sidecars
     paths = [Path(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
     nccl_logs = [Path(p) for p in ([nccl_logs] if isinstance(nccl_logs, (str, os.PathLike)) else nccl_logs)]
     if not paths and not nccl_logs:
@@ -246,6 +246,7 @@ def ingest(paths, store, run: str | None = None, rank: int | None = None, worker
             side_done, already = sidecars.parse_all(side, rank, staging, manifest, run)  # small: first, fail fast
             summaries = _parse_all(files, rank, staging, workers, progress) if files else []
             p2p_groups.resolve(summaries)  # gloo p2p on subgroups (PP x DP): needs every rank
+            coll_groups.resolve(summaries)  # gloo collectives whose group no runloop thread told
             beside = [sidecars.Sidecar("flight_recorder", p, s.rank) for s in summaries
                       if (p := sidecar_path(s.path, s.rank)) is not None]  # FR dumps beside traces named one by one
             more, already_too = sidecars.parse_all(beside, rank, staging, manifest, run,
