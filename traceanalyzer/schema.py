@@ -142,7 +142,7 @@ COMMS = Table("comms", "One row per communication operation on a rank, normalise
     _c("pg_desc", STR, "process group description"),
     _c("pg_ranks", pa.list_(I32), "global ranks of the group"),
     _c("group_size", I32, "members of the group"),
-    _c("pg_source", STR, "where pg_name came from: op_args, kernel_args, flight_recorder, runloop_thread (inferred), default_pg (inferred), p2p_match (gloo p2p: the group under which sender and receiver agree, see p2p_groups.py), nsys_op_order (Nsight Systems export: inferred group nsys:<op>, see traceanalyzer/ingest/nsys), none"),
+    _c("pg_source", STR, "where pg_name came from: op_args, kernel_args, flight_recorder, runloop_thread (inferred), default_pg (inferred), p2p_match (gloo p2p: the group under which sender and receiver agree, see p2p_groups.py), nsys_op_order (Nsight Systems export: inferred group nsys:<op>, see traceanalyzer/ingest/nsys), collective_match (gloo collectives: the one group whose members all ran the same unresolved collectives, see coll_groups.py; inferred), none"),
     _c("pg_inferred", BOOL, "true when the process group was inferred rather than recorded"),
     _c("seq", I64, "collective sequence index per (run, rank, pg_name): joins the same collective across the ranks of its group (see seq_source for its origin and base). Null for p2p"),
     _c("seq_source", STR, "nccl_seq (the trace's Seq arg), flight_recorder (collective_seq_id, 1-based, from the rank's FR dump), order (0-based position among this rank's collectives of the group in this window)"),
@@ -423,7 +423,7 @@ def describe() -> str:
 # prints with --json. Each is the output of one SQL view of traceanalyzer/analyses/sql/; the view's
 # columns must be exactly these (a test checks it). Bump RESULTS_VERSION when one changes.
 
-RESULTS_VERSION = "1.1"
+RESULTS_VERSION = "1.2"
 
 
 def _r(name: str, doc: str, cols: list[tuple]) -> Table:
@@ -517,7 +517,12 @@ RESULTS: dict[str, Table] = {t.name: t for t in (
         ("max_launch_delay_ns", I64, _NS, "largest"), ("mean_launch_dur_ns", F64, _NS, "mean launch call duration"),
         ("mean_gpu_dur_ns", F64, _NS, "mean GPU duration"),
         ("short_kernels", I64, "", "GPU time shorter than the launch call (launch <= 50 us): launch-bound"),
-        ("launch_outliers", I64, "", "launch calls > 50 us"), ("delay_outliers", I64, "", "launch delays > 100 us")]),
+        ("launch_outliers", I64, "", "launch calls > 50 us"),
+        ("delay_outliers", I64, "", "launch delays > 100 us (after removing a detected clock offset)"),
+        ("min_launch_delay_ns", I64, _NS, "quickest GPU start - end of its launch call, not clipped (about 0 or below unless the clocks are offset)"),
+        ("clock_offset_ns", I64, _NS, "CPU/GPU clock offset detected from the launches (GPU - CPU); NULL when none"),
+        ("clock_offset_reason", STR, "", "why a clock offset is suspected (NULL when none)"),
+        ("corrected_median_launch_delay_ns", F64, _NS, "median launch delay less the detected offset")]),
     _r("queue_length", "Launched-but-not-started GPU operations per stream.", _RUN_RANK + [
         ("stream", I64, "", "GPU stream"), ("launches", I64, "", "launches"), ("max_queue", F64, "", "largest queue"),
         ("mean_queue", F64, "", "time-weighted mean queue length")]),

@@ -18,8 +18,10 @@ st AS (SELECT run, rank, count(*) AS steps, min(step) AS first_step, max(step) A
        FROM steps GROUP BY run, rank),
 co AS (SELECT run, rank, count(*) FILTER (WHERE NOT is_p2p) AS collectives,
               count(*) FILTER (WHERE is_p2p) AS p2p,
-              -- unknown (NULL) when no op of the rank has a size (e.g. an Nsight Systems export), never 0
-              CASE WHEN count(in_bytes) > 0 THEN sum(in_bytes) END AS comm_bytes
+              -- unknown is unknown: a rank with any op of unknown size (no record_shapes) has unknown bytes
+              count(*) FILTER (WHERE in_bytes IS NULL AND op IS DISTINCT FROM 'barrier') AS size_unknown,
+              count(*) FILTER (WHERE pg_name IS NULL AND NOT is_p2p) AS group_unknown,
+              CASE WHEN size_unknown = 0 THEN sum(in_bytes) END AS comm_bytes
        FROM comms GROUP BY run, rank),
 rk AS (SELECT run, rank, count(*) AS windows, any_value(host) AS host, any_value(backend) AS backend,
               any_value(device) AS device, any_value(world_size) AS world_size,
@@ -28,7 +30,9 @@ rk AS (SELECT run, rank, count(*) AS windows, any_value(host) AS host, any_value
 SELECT rk.run, rk.rank, rk.windows, rk.host, rk.backend, rk.device, rk.world_size,
        coalesce(st.steps, 0) AS steps, st.first_step, st.last_step, st.median_step_ms,
        ev.events, ev.kernels, ev.comm_kernels, coalesce(co.collectives, 0) AS collectives,
-       coalesce(co.p2p, 0) AS p2p, CASE WHEN co.rank IS NULL THEN 0 ELSE co.comm_bytes END AS comm_bytes, rk.skipped,
+       coalesce(co.p2p, 0) AS p2p,
+       CASE WHEN co.rank IS NULL THEN 0 ELSE co.comm_bytes END AS comm_bytes,
+       coalesce(co.size_unknown, 0) AS size_unknown, coalesce(co.group_unknown, 0) AS group_unknown, rk.skipped,
        (rk.end_ts_ns - rk.start_ts_ns) / 1e9 AS span_s
 FROM rk LEFT JOIN ev USING (run, rank) LEFT JOIN st USING (run, rank) LEFT JOIN co USING (run, rank)
 ORDER BY rk.run, rk.rank
@@ -56,8 +60,22 @@ def format_info(df: pd.DataFrame, store: str) -> str:
                      f"{int(g['collectives'].sum()):,} collectives, {int(g['p2p'].sum()):,} p2p ops, time span {span:.3f} s")
         cols = ["rank", "windows", "steps", "first_step", "last_step", "median_step_ms", "events", "kernels",
                 "collectives", "p2p", "comm_bytes", "skipped"]
-        lines.append(g[cols].astype({"skipped": "int64", "comm_bytes": "Int64"}).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+        table = g[cols].astype({"skipped": "int64"})
+        table["comm_bytes"] = [_count_or_na(v) for v in g["comm_bytes"]]
+        lines.append(table.to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+        for col, what, why in (("size_unknown", "message size", "recorded without record_shapes?"),
+                               ("group_unknown", "process group", "no Flight Recorder dump and no group in the trace")):
+            n = int(g[col].sum())
+            if n:
+                lines.append(f"note: {n:,} communication op(s) with unknown {what} ({why}); comm_bytes "
+                             "n/a where any size is unknown" if col == "size_unknown" else
+                             f"note: {n:,} collective(s) with unknown {what} ({why})")
     return "\n".join(lines)
+
+
+def _count_or_na(value) -> str:
+    """An integer count, or 'n/a' when unknown (NULL): unknown is never shown as 0."""
+    return "n/a" if value is None or pd.isna(value) else f"{int(value)}"
 
 
 def _first(series):

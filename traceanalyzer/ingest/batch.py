@@ -49,6 +49,8 @@ class TraceSummary:
     skipped: dict[str, int]
     staged: dict[str, str]  # table -> staged parquet path
     window: int = -1
+    #: communication ops whose size / process group the trace does not say (see :func:`unknown_comms`)
+    unknown: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -86,9 +88,41 @@ class IngestReport:
         side = summary_line(self.sidecars, self.sidecars_already_in_store)
         if side:
             line += "\n" + side
+        line += unknown_warning(self.traces)
         if self.skipped:
             line += "\n  skipped or repaired: " + ", ".join(f"{k}={v:,}" for k, v in sorted(self.skipped.items()))
         return line
+
+
+def unknown_comms(comms, shapes_on: bool = False) -> dict[str, int]:
+    """Counts of communication ops whose message size (``size``; a barrier carries none) or
+    process group (``group``; collectives only) is unknown: stored as NULL, never as 0.
+    ``shapes_on``: the trace says record_shapes was on (``shapes_on`` = 1 in the result)."""
+    import pyarrow.compute as pc
+    if comms.num_rows == 0:
+        return {}
+    sized = comms.filter(pc.invert(pc.equal(pc.fill_null(comms["op"], ""), "barrier")))
+    coll = comms.filter(pc.invert(comms["is_p2p"]))
+    out = {"size": sized["in_bytes"].null_count, "group": coll["pg_name"].null_count, "ops": comms.num_rows,
+           "shapes_on": int(shapes_on)}
+    return out if out["size"] or out["group"] else {}
+
+
+def unknown_warning(traces: list[TraceSummary]) -> str:
+    """The ingest summary's warning lines for unknown sizes and groups ('' when all are known)."""
+    text = ""
+    for key, what, why in (("size", "message size", "recorded without record_shapes?"),
+                           ("group", "process group", "no Flight Recorder dump and no process group in the trace")):
+        hit = [t for t in traces if t.unknown.get(key)]
+        if hit and key == "size" and all(t.unknown.get("shapes_on") for t in hit):
+            why = "record_shapes was on, but the trace holds no size or dtype for them"
+        if hit:
+            n = sum(t.unknown[key] for t in hit)
+            total = sum(t.counts.get("comms", 0) for t in traces)
+            text += (f"\n  warning: {n:,} of {total:,} communication ops on rank(s) "
+                     f"{format_ranges({t.rank for t in hit})} have an unknown {what} ({why}): shown as n/a, "
+                     "not 0; analyses that need it leave those ops out")
+    return text
 
 
 def format_ranges(values) -> str:
@@ -142,6 +176,7 @@ def _parse_one(path: str, rank_arg: int | None, staging: str) -> tuple:
             return ("ok", [_stage(path, b, staging) for b in load_nsys(path, rank_arg)])
         trace = read_trace(path)
         info = trace.meta.get("distributedInfo")
+        shapes_on = bool(trace.meta.get("record_shapes"))  # Kineto writes "record_shapes": 1 when it was on
         built = build_tables(trace, rank_arg)
         del trace
         check_rank_manifest(path, built.rank, built.rank_source)
@@ -149,7 +184,7 @@ def _parse_one(path: str, rank_arg: int | None, staging: str) -> tuple:
         fr_path = sidecar_path(path, built.rank)
         fr = read_fr_json(fr_path) if fr_path else None
         t["comms"] = build_comms(t["events"], t["process_groups"], t["threads"], info, built.rank, fr)
-        return ("ok", _stage(path, built, staging))
+        return ("ok", _stage(path, built, staging, shapes_on))
     except TraceInputError as exc:
         return ("error", exc.path, exc.problem)
     except MemoryError:
@@ -158,7 +193,7 @@ def _parse_one(path: str, rank_arg: int | None, staging: str) -> tuple:
         return ("error", path, f"internal error while parsing ({type(exc).__name__}: {exc})", traceback.format_exc())
 
 
-def _stage(path: str, built, staging: str) -> TraceSummary:
+def _stage(path: str, built, staging: str, shapes_on: bool = False) -> TraceSummary:
     """Write one rank's tables (comms included) into a fresh staging folder."""
     folder = Path(staging) / uuid.uuid4().hex
     folder.mkdir(parents=True)
@@ -169,7 +204,8 @@ def _stage(path: str, built, staging: str) -> TraceSummary:
         staged[name] = str(out)
     counts = {name: table.num_rows for name, table in built.tables.items()}
     return TraceSummary(str(Path(path).resolve()), built.rank, built.rank_source, built.start_ts_ns,
-                        built.end_ts_ns, counts, dict(built.skipped), staged)
+                        built.end_ts_ns, counts, dict(built.skipped), staged,
+                        unknown=unknown_comms(built.tables["comms"], shapes_on))
 
 
 def _size(path: Path) -> int:
@@ -205,7 +241,7 @@ def ingest(paths, store, run: str | None = None, rank: int | None = None, worker
     with a one-line message; the store is then unchanged.
     """
     t0 = time.perf_counter()
-    from . import p2p_groups, sidecars
+    from . import coll_groups, p2p_groups, sidecars
     paths = [Path(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
     nccl_logs = [Path(p) for p in ([nccl_logs] if isinstance(nccl_logs, (str, os.PathLike)) else nccl_logs)]
     if not paths and not nccl_logs:
@@ -226,6 +262,7 @@ def ingest(paths, store, run: str | None = None, rank: int | None = None, worker
             side_done, already = sidecars.parse_all(side, rank, staging, manifest, run)  # small: first, fail fast
             summaries = _parse_all(files, rank, staging, workers, progress) if files else []
             p2p_groups.resolve(summaries)  # gloo p2p on subgroups (PP x DP): needs every rank
+            coll_groups.resolve(summaries)  # gloo collectives whose group no runloop thread told
             beside = [sidecars.Sidecar("flight_recorder", p, s.rank) for s in summaries
                       if (p := sidecar_path(s.path, s.rank)) is not None]  # FR dumps beside traces named one by one
             more, already_too = sidecars.parse_all(beside, rank, staging, manifest, run,

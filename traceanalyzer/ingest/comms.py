@@ -154,9 +154,12 @@ def build_comms(events: pa.Table, process_groups: pa.Table, threads: pa.Table, i
         for r in rows:
             if r["pg_source"] == "flight_recorder":
                 ctx.fill_pg(r)
+            if r.get("fr_dtype") and r["elem_bytes"] is None and r["in_nelems"] is not None:
+                ctx._set_sizes(r, r["in_nelems"], r["out_nelems"], r["fr_dtype"])  # dtype from the FR entry
     _number(rows)
     for r in rows:
         r.pop("fr_seq", None)
+        r.pop("fr_dtype", None)
     table = pa.Table.from_pylist(rows, schema=S.COMMS.arrow_schema)
     return table
 
@@ -247,7 +250,7 @@ class _Context:
         if out_n is None and in_n is not None:
             if op in ("all_reduce", "broadcast", "all_to_all", "send", "recv", "send_recv", "reduce"):
                 out_n = in_n
-            elif op == "all_gather" and gs:
+            elif op in ("all_gather", "gather") and gs:
                 out_n = in_n * gs
             elif op == "reduce_scatter" and gs:
                 out_n = in_n // gs
@@ -315,14 +318,17 @@ class _Context:
         """Runloop thread -> process group, inferred from creation order: each gloo group
         creates its runloop threads when it is created, so sorted thread ids fall into
         consecutive blocks, one per group in pg_config order."""
-        tids = sorted({t["tid"] for t in self.threads if "gloo_runloop" in (t["name"] or "")})
+        tids = sorted({t["tid"] for t in self.threads if "gloo_runloop" in (t["name"] or "")}
+                      | self._runloop_tids)
         groups = [name for name, pg in sorted(self.pgs.items(), key=lambda kv: _pg_order(kv[0]))
                   if "gloo" in (pg.get("backend_config") or self.info.get("backend") or "")
                   and self.rank in (pg.get("pg_ranks") or [self.rank])]
-        if not tids or not groups or len(tids) % len(groups):
+        if not tids or not groups or len(tids) < len(groups):
             return {}
-        per = len(tids) // len(groups)
-        return {tid: groups[i // per] for i, tid in enumerate(tids)}
+        if len(tids) % len(groups) == 0:
+            per = len(tids) // len(groups)
+            return {tid: groups[i // per] for i, tid in enumerate(tids)}
+        return dict(zip(tids, _split_at_gaps(tids, groups)))
 
     def gloo_and_other_rows(self) -> list[dict]:
         rows = []
@@ -333,6 +339,7 @@ class _Context:
                    and r["name"] not in _NOT_COMM
                    and not any(p not in span_ids and self.by_id[p]["name"] not in _NOT_COMM
                                for p in self.nest.ancestors(r["event_id"]))]
+        self._runloop_tids = {s["tid"] for s in spans if s["tid"] not in caller_tids}
         runloop_pg = self._runloop_pg()
         queues: dict[Any, deque] = defaultdict(deque)
         claimed: set[int] = set()
@@ -417,21 +424,30 @@ class _Context:
 _FIFO_LOOKAHEAD = 4
 
 
+#: gloo runs these enqueued ops as a span of another collective (op -> the span's op).
+_GLOO_EXEC_AS = {"reduce_scatter": "all_reduce"}
+
+
 def _pop_fifo(queues: dict[Any, deque], enqueue: dict) -> dict | None:
     """The execution span of a gloo collective: one of the first spans of a group's queue,
-    preferring one with the enqueued tensor's size, then the earliest. Spans that started before
-    this enqueue belong to enqueues outside the window and are dropped."""
+    preferring one of the enqueued op (a barrier's dummy 1-element tensor must not pick the
+    1-element size broadcast of a following ``broadcast_object_list``), then one with the
+    enqueued tensor's size, then the earliest. Spans that started before this enqueue belong to
+    enqueues outside the window and are dropped."""
     want = _enqueue_io(enqueue)[0]  # the input tensor: what the gloo span records
     if want is None:
         want = _first_tensor(enqueue["args"])[0]
+    op = normalize_op(enqueue["name"])
+    ops = {op, _GLOO_EXEC_AS.get(op)}
     best, best_key = None, None
     for key, q in queues.items():
         while q and q[0]["ts_ns"] < enqueue["ts_ns"]:
             q.popleft()
         for pos in range(min(_FIFO_LOOKAHEAD, len(q))):
             span = q[pos]
+            same_op = normalize_op(span["name"]) in ops
             match = want is not None and _first_tensor(span["args"])[0] == want
-            rank_key = (not match, span["ts_ns"], pos)
+            rank_key = (not same_op, not match, span["ts_ns"], pos)
             if best is None or rank_key < best_key:
                 best, best_key = (key, pos), rank_key
     if best is None:
@@ -440,6 +456,20 @@ def _pop_fifo(queues: dict[Any, deque], enqueue: dict) -> dict | None:
     span = queues[key][pos]
     del queues[key][pos]
     return span
+
+
+def _split_at_gaps(tids: list[int], groups: list[str]) -> list[str]:
+    """The group of each sorted runloop thread id when the groups' blocks are uneven (a thread
+    that ran nothing in the window is missing): a group's threads are created together, so the
+    blocks are cut at the len(groups) - 1 widest gaps between consecutive ids."""
+    gaps = sorted(range(1, len(tids)), key=lambda i: (-(tids[i] - tids[i - 1]), i))[:len(groups) - 1]
+    out, g = [], 0
+    cuts = set(gaps)
+    for i in range(len(tids)):
+        if i in cuts:
+            g += 1
+        out.append(groups[g])
+    return out
 
 
 def _pg_order(name: str):

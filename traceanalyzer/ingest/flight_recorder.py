@@ -23,6 +23,7 @@ enqueue op whose span holds ``time_created_ns`` is that FR entry's collective.
 """
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from dataclasses import dataclass, field
@@ -49,6 +50,7 @@ class FrEntry(msgspec.Struct, gc=False):
     time_created_ns: int = 0
     is_p2p: bool = False
     input_sizes: Any = None
+    input_dtypes: Any = None
 
 
 @dataclass
@@ -243,7 +245,8 @@ def read_fr_json(path: str | Path) -> list[FrEntry]:
     """The entries of an FR dump (JSON or pickle), as needed by :func:`join_fr`."""
     dump = read_fr_dump(path)
     return [FrEntry(e["collective_seq_id"], [e["pg_name"], e["pg_desc"]], e["profiling_name"],
-                    e["time_created_ns"] or 0, e["is_p2p"], e["input_sizes"]) for e in dump.entries]
+                    e["time_created_ns"] or 0, e["is_p2p"], e["input_sizes"], e.get("input_dtypes"))
+            for e in dump.entries]
 
 
 read_fr_entries = read_fr_json
@@ -262,6 +265,7 @@ def join_fr(rows: list[dict], entries: list[FrEntry]) -> int:
                          and (r["dialect"] == "gloo" or (r["dialect"] == "nccl" and r.get("nccl_seq") is None))),
                         key=lambda r: r["enqueue_ts_ns"])
     joined, i = 0, 0
+    e_used: set[int] = set()
     for r in candidates:
         lo, hi = r["enqueue_ts_ns"], r["enqueue_ts_ns"] + r["enqueue_dur_ns"]
         while i < len(collectives) and collectives[i].time_created_ns < lo:
@@ -276,6 +280,42 @@ def join_fr(rows: list[dict], entries: list[FrEntry]) -> int:
         elif r.get("pg_name") is not None and str(e.process_group[0]) != str(r["pg_name"]):
             continue
         r["fr_seq"] = e.collective_seq_id
+        r["fr_dtype"] = _first_dtype(e)
+        e_used.add(id(e))
         joined += 1
         i += 1
+    return joined + _join_fr_orphans(rows, collectives, e_used)
+
+
+def _join_fr_orphans(rows: list[dict], collectives: list[FrEntry], used: set[int]) -> int:
+    """gloo executions without an enqueue in the trace (the enqueue lies before the window, or one
+    enqueue ran as several collectives: a list reduce_scatter is two ``gloo:all_reduce``) get the
+    latest unused FR entry of their name created before they started: without it they would be
+    numbered by order among FR-numbered rows, and could take another collective's seq."""
+    orphans = sorted((r for r in rows if not r["is_p2p"] and r["enqueue_ts_ns"] is None and r["dialect"] == "gloo"
+                      and r.get("fr_seq") is None), key=lambda r: r["start_ts_ns"])
+    by_name: dict[str, list[FrEntry]] = {}
+    for e in collectives:
+        by_name.setdefault(e.profiling_name, []).append(e)
+    joined = 0
+    for r in orphans:
+        cands = by_name.get(r["exec_name"] or "", [])
+        times = [e.time_created_ns for e in cands]
+        k = bisect.bisect_right(times, r["start_ts_ns"]) - 1
+        while k >= 0 and id(cands[k]) in used:
+            k -= 1
+        if k < 0:
+            continue
+        e = cands[k]
+        used.add(id(e))
+        r.update(pg_name=str(e.process_group[0]), pg_source="flight_recorder", pg_inferred=False, fr_seq=e.collective_seq_id,
+                 fr_dtype=_first_dtype(e))
+        joined += 1
     return joined
+
+
+def _first_dtype(e: FrEntry) -> str | None:
+    """The entry's first input dtype ('Float', ...): what a gloo row lacks when neither its span nor
+    its enqueue (a TensorList argument) records one."""
+    dtypes = e.input_dtypes
+    return dtypes[0] if isinstance(dtypes, list) and dtypes and isinstance(dtypes[0], str) else None

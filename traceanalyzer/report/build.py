@@ -36,6 +36,7 @@ class RunReport:
     figure_errors: list[str] = field(default_factory=list)   # figures that could not be drawn, and why
     data: RunData | None = None         # the results it was made from (tables in the HTML)
     replay: RunReplay = field(default_factory=lambda: RunReplay("off", "replay not asked for"))
+    caveats: list[str] = field(default_factory=list)   # unknown sizes/groups, clock offsets (caveats.py)
 
 
 @dataclass
@@ -55,7 +56,7 @@ def build_run(data: RunData, figures: bool = True, store=None, replay: bool = Tr
     figs, errors = all_figures(data) if figures else ([], [])
     return RunReport(run=data.run, shape=job_shape(data), step_times=step_times(data), findings=findings,
                      negatives=negatives(data, findings), metrics=run_metrics(data, findings),
-                     figures=figs, figure_errors=errors, data=data, replay=rp)
+                     figures=figs, figure_errors=errors, data=data, replay=rp, caveats=list(data.caveats))
 
 
 def build_report(store: str | os.PathLike, run: str | None = None, figures: bool = True, progress=None,

@@ -114,6 +114,12 @@ def _summary(rr: RunReport) -> str:
 
 
 def _findings(rr: RunReport) -> str:
+    caveats = ("<div class=\"caveats\"><h3>Caveats</h3><ul>" + "".join(f"<li>{esc(c)}</li>" for c in rr.caveats)
+               + "</ul></div>") if rr.caveats else ""
+    return caveats + _findings_only(rr)
+
+
+def _findings_only(rr: RunReport) -> str:
     if not rr.findings:
         out = "<div class=\"none\"><h3>No findings</h3><p>Nothing in this run costs a step enough to report.</p></div>"
     else:

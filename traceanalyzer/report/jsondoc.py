@@ -38,6 +38,7 @@ def report_dict(report: Report) -> dict:
                                     "compute_ms": r.compute_ns / 1e6} for r in st.itertuples()],
             "findings": [dict(f.to_dict(), order=i) for i, f in enumerate(rr.findings, start=1)],
             "not_found": rr.negatives,
+            "caveats": rr.caveats,
             "replay": rr.replay.to_dict(),
             "metrics": rr.metrics,
             "parameters": rr.data.params if rr.data is not None else {},

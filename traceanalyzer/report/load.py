@@ -29,6 +29,7 @@ class RunData:
     params: dict                        # the analysis parameters the results were computed with
     pipeline_idle: pd.DataFrame = field(default_factory=pd.DataFrame)  # run, rank, stage, step, kind, caused_by_rank, lo_ns, hi_ns, dur_ns
     events: int = 0                     # stored events of the run (what a replay graph has to hold)
+    caveats: list[str] = field(default_factory=list)  # what the report cannot know or corrected (caveats.py)
 
     def r(self, name: str) -> pd.DataFrame:
         """The result table ``name`` of this run (empty with the schema's columns if absent)."""
@@ -50,7 +51,7 @@ def _saved(store: Path) -> dict:
 #: is the costliest analysis and the findings do not depend on it.
 REQUIRED = ("phases", "temporal_breakdown", "stragglers", "imbalance", "imbalance_ops", "all_to_all_balance",
             "collectives", "overlap", "exposed_comm", "kernel_breakdown", "pipeline_shape", "pipeline_bubbles",
-            "pipeline_slow_stages")
+            "pipeline_slow_stages", "launch_stats")  # launch_stats: the clock-offset caveat (caveats.py)
 
 
 def missing_results(store: str | os.PathLike, runs: list[str]) -> dict[str, list[str]]:
@@ -98,6 +99,8 @@ def load_run(con, store: str | os.PathLike, run: str, with_intervals: bool = Tru
     events = con.execute("SELECT count(*) FROM events WHERE run = $run", {"run": run}).fetchone()[0]
     data = RunData(run=run, results=results, ranks=ranks, groups=groups, params=dict(entry.get("params", {})),
                    events=int(events))
+    from .caveats import run_caveats
+    data.caveats = run_caveats(con, run, results.get("launch_stats"))
     if with_intervals and not data.r("pipeline_shape").empty:
         data.pipeline_idle = pipeline_idle(con, run, data.params)
     return data

@@ -52,6 +52,8 @@ def _run(rr: RunReport, fig_dir: Path | None, fig_rel: str) -> list[str]:
     out += _table(["rank", "steps", "median step", "min", "max", "compute"],
                   [[int(r.rank), int(r.steps), ms(r.median_ns), ms(r.min_ns), ms(r.max_ns), ms(r.compute_ns)]
                    for r in rr.step_times.itertuples()])
+    if rr.caveats:
+        out += ["**Caveats:**", ""] + [f"- {md(c)}" for c in rr.caveats] + [""]
     out += ["### Findings, ranked by recoverable time per step", ""]
     if replay_note(rr.replay):
         out += [md(replay_note(rr.replay)), ""]

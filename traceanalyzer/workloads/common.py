@@ -44,6 +44,8 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--prof-warmup", type=int, default=1)
     p.add_argument("--prof-active", type=int, default=3)
     p.add_argument("--prof-repeat", type=int, default=1)
+    p.add_argument("--no-record-shapes", dest="record_shapes", action="store_false",
+                   help="record without the profiler's record_shapes (message sizes then stay unknown)")
     p.add_argument("--store", default=None, help="also ingest the run into this store at the end (rank 0)")
     p.add_argument("--no-pin", dest="pin", action="store_false",
                    help="do not pin each rank (and its gloo threads) to one CPU core")
@@ -57,7 +59,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
 def profile_kwargs(args: argparse.Namespace) -> dict:
     return {"out_dir": args.out, "run": args.run, "wait": args.prof_wait,
             "warmup": args.prof_warmup, "active": args.prof_active, "repeat": args.prof_repeat,
-            "store": args.store}
+            "store": args.store, "record_shapes": args.record_shapes}
 
 
 def pin_to_core() -> None:

@@ -34,8 +34,9 @@ SELECT e.run, e.rank, e.window_id, e.step,
        CASE e.kind WHEN 'compute_kernel' THEN 'compute' WHEN 'comm_kernel' THEN 'comm' ELSE 'memory' END AS category,
        e.ts_ns AS lo_ns, e.ts_ns + e.dur_ns AS hi_ns, e.name, c.comm_id
 FROM events e SEMI JOIN gpu_windows g USING (run, rank, window_id)
+-- a communication kernel is the execution of its comms row (NCCL/RCCL: exec_event_id is the kernel)
 LEFT JOIN comms c ON e.kind = 'comm_kernel' AND c.run = e.run AND c.rank = e.rank AND c.window_id = e.window_id
-                 AND c.exec_event_id = e.event_id  -- the collective a communication kernel executes
+     AND c.exec_event_id = e.event_id AND c.on_gpu
 WHERE e.kind IN ('compute_kernel', 'comm_kernel', 'memcpy', 'memset') AND e.dur_ns > 0
 UNION ALL
 SELECT e.run, e.rank, e.window_id, e.step, 'compute', e.ts_ns, e.ts_ns + e.dur_ns, e.name, NULL

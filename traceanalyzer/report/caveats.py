@@ -1,0 +1,45 @@
+"""Caveats: what the report cannot know or had to correct, said once per run above its findings.
+
+Unknown is shown as unknown: a message size the trace does not record (no ``record_shapes``) or a
+process group neither the trace nor a Flight Recorder dump names is NULL in the store, ``n/a`` in
+tables, and a caveat here, so that a reader does not take a missing number for a zero. A CPU/GPU
+clock offset found by the launch statistics (``launch_stats.clock_offset_reason``) is said here too.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+_COUNTS = """
+SELECT count(*) FILTER (WHERE op IS DISTINCT FROM 'barrier') AS sized_ops,
+       count(*) FILTER (WHERE in_bytes IS NULL AND op IS DISTINCT FROM 'barrier') AS size_unknown,
+       count(*) FILTER (WHERE NOT is_p2p) AS collectives,
+       count(*) FILTER (WHERE pg_name IS NULL AND NOT is_p2p) AS group_unknown,
+       list(DISTINCT rank ORDER BY rank) FILTER (WHERE in_bytes IS NULL AND op IS DISTINCT FROM 'barrier') AS size_ranks,
+       list(DISTINCT rank ORDER BY rank) FILTER (WHERE pg_name IS NULL AND NOT is_p2p) AS group_ranks
+FROM comms WHERE run = $run
+"""
+
+
+def run_caveats(con, run: str, launch_stats: pd.DataFrame | None = None) -> list[str]:
+    """One line per caveat of ``run`` (empty when the report knows everything it shows)."""
+    out: list[str] = []
+    c = con.execute(_COUNTS, {"run": run}).df().iloc[0]
+    if c["size_unknown"]:
+        out.append(f"Message sizes unknown for {int(c['size_unknown']):,} of {int(c['sized_ops']):,} communication ops "
+                   f"(rank(s) {_ranks(c['size_ranks'])}; the trace was recorded without record_shapes?): their bytes and "
+                   "bandwidth are n/a, not 0, and size-based checks leave them out.")
+    if c["group_unknown"]:
+        out.append(f"Process group unknown for {int(c['group_unknown']):,} of {int(c['collectives']):,} collectives "
+                   f"(rank(s) {_ranks(c['group_ranks'])}; no Flight Recorder dump, and the trace names none): they are "
+                   "matched across ranks by order only.")
+    if launch_stats is not None and "clock_offset_reason" in launch_stats:
+        for r in launch_stats[launch_stats["clock_offset_reason"].notna()].itertuples():
+            out.append(f"Rank {int(r.rank)}: {r.clock_offset_reason}. Corrected by it, the median launch delay "
+                       f"is {r.corrected_median_launch_delay_ns / 1e3:.1f} us; GPU times compared with CPU times on this "
+                       "rank are off by that much.")
+    return out
+
+
+def _ranks(values) -> str:
+    from ..ingest.batch import format_ranges
+    return format_ranges([int(v) for v in (values if values is not None else [])])
