@@ -163,20 +163,18 @@ def topo_order(ms, kind, src, n, is_lane, ptr) -> np.ndarray:
     cudaLaunchKernel, clock noise between ranks), so the recorded order alone is not always
     topological. Each node gets a key (its rank in recorded order); while some edge has key[src] >=
     key[dst], the destination's key is raised just above its source's (one compiled sweep per pass,
-    _jit._repair_keys; violations are local, so few passes). Kahn's algorithm where that does not
-    settle (a cycle: an error) or numba is missing."""
+    _jit._repair_keys, in Python without numba; violations are local, so few passes). Kahn's
+    algorithm where that does not settle (a cycle: an error)."""
     prio = np.select([kind == ARRIVE, kind == WAIT, kind == SYNC], [0, 1, 2], 3).astype(np.int8)
     order = np.lexsort((prio, ms))
     if len(src) == 0:
         return order
     key = np.empty(n, dtype=np.float64)
     key[order] = np.arange(n, dtype=np.float64)
-    repair = repair_kernel()
-    if repair is not None:
-        passes = repair(key, order, ptr, src, 200)
-        if passes >= 0:
-            return order if passes == 0 else np.argsort(key, kind="stable")
-        key[order] = np.arange(n, dtype=np.float64)
+    passes = repair_kernel()(key, order, ptr, src, 200)
+    if passes >= 0:
+        return order if passes == 0 else np.argsort(key, kind="stable")
+    key[order] = np.arange(n, dtype=np.float64)
     return _kahn(key, src, np.repeat(np.arange(n), np.diff(ptr)), n)
 
 
