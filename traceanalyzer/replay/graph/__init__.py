@@ -46,9 +46,24 @@ from .edges import make_edges
 from .finish import finish
 from .lanes import make_lanes
 from .load import Scratch, load
-from .model import (ARRIVE, BLOCKING_SYNC_NAME, CROSS_THREAD_MIN_GAP_NS, GAP, GAP_WAIT_MAX_TAIL_NS, KERNEL,
-                    KIND_NAMES, NO_REL, OP, PIPELINE_VIEWS, POST, STREAM_WAIT_NAME, SYNC, WAIT, Graph,
-                    merge_intervals)
+from .model import (
+    ARRIVE,
+    BLOCKING_SYNC_NAME,
+    CROSS_THREAD_MIN_GAP_NS,
+    GAP,
+    GAP_WAIT_MAX_TAIL_NS,
+    KERNEL,
+    KIND_NAMES,
+    NO_REL,
+    OP,
+    PIPELINE_VIEWS,
+    POST,
+    STREAM_WAIT_NAME,
+    SYNC,
+    WAIT,
+    Graph,
+    merge_intervals,
+)
 
 __all__ = ["ARRIVE", "GAP", "KERNEL", "KIND_NAMES", "NO_REL", "OP", "PIPELINE_VIEWS", "POST", "SYNC", "WAIT",
            "Graph", "build_graph", "merge_intervals", "resolve_run"]

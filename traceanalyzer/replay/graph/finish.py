@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 from ...errors import TraceAnalyzerError
 from .._jit import repair_kernel
 from .load import Scratch
-from .model import ARRIVE, KERNEL, NO_REL, POST, SYNC, WAIT, Graph
+from .model import ARRIVE, NO_REL, POST, SYNC, WAIT, Graph
 
 
 def _np(col) -> np.ndarray:
