@@ -84,7 +84,7 @@ def build_graph(store_or_con, run: str | None = None) -> Graph:
     g.stages = pd.DataFrame({"rank": np.zeros(0, np.int32), "stage": np.zeros(0, np.int64)})
     if "pipeline_stages" not in have:
         # pipeline_stages only has rows for runs with sends (the first send orders the stages)
-        (sends,) = con.execute("SELECT count(*) FROM comms WHERE run = $run AND op = 'send'", {"run": run}).fetchone()
+        (sends,) = con.execute("SELECT count(*) FROM comms WHERE run = $run AND op = 'send'", {"run": run}).fetchall()[0]
         if not sends:
             return g
         prepare(con, modules=PIPELINE_VIEWS)

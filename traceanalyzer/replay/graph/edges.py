@@ -36,12 +36,13 @@ WHERE g.first IS NOT NULL"""
 _STREAM_WAIT_EDGES = """
 WITH l AS (
     SELECT l.rank, l.tid, l.l_ts, g.first, g.last, n.lane,
-           row_number() OVER (PARTITION BY l.rank, l.tid ORDER BY l.l_ts, l.corr, l.g_eid) - 1 AS i
-    FROM {launch} l JOIN {gop} g ON g.rank = l.rank AND g.event_id = l.g_eid JOIN {nd} n ON n.node = g.first),
-r AS (SELECT *, max(CASE WHEN lane IS DISTINCT FROM prev_lane THEN i END)
-                    OVER (PARTITION BY rank, tid ORDER BY i ROWS UNBOUNDED PRECEDING) AS run_start
-      FROM (SELECT *, lag(lane) OVER (PARTITION BY rank, tid ORDER BY i) AS prev_lane FROM l)),
-k AS (SELECT rank, tid, l_ts, min(i) AS k FROM l GROUP BY rank, tid, l_ts),
+           row_number() OVER w - 1 AS i, lag(n.lane) OVER w IS DISTINCT FROM n.lane AS new_run
+    FROM {launch} l JOIN {gop} g ON g.rank = l.rank AND g.event_id = l.g_eid JOIN {nd} n ON n.node = g.first
+    WINDOW w AS (PARTITION BY l.rank, l.tid ORDER BY l.l_ts, l.corr, l.g_eid)),
+r AS (SELECT *, max(CASE WHEN new_run THEN i END) OVER (PARTITION BY rank, tid ORDER BY i ROWS UNBOUNDED PRECEDING)
+                AS run_start
+      FROM l WHERE rank IN (SELECT rank FROM {ev} WHERE name = $stream_wait)),
+k AS (SELECT rank, tid, l_ts, min(i) AS k FROM r GROUP BY rank, tid, l_ts),
 w AS (SELECT s.rank, s.tid, s.ts FROM {ev} s SEMI JOIN {cpu} c ON c.rank = s.rank AND c.tid = s.tid
       WHERE NOT s.is_gpu AND s.name = $stream_wait),
 m AS (SELECT w.rank, w.tid, k.k FROM w ASOF JOIN k ON k.rank = w.rank AND k.tid = w.tid AND w.ts <= k.l_ts)

@@ -54,8 +54,11 @@ GROUP BY s.rank, s.step, s.start"""
 
 
 def finish(s: Scratch, edges, waits, posts) -> Graph:
-    nd = s.arrow("SELECT * FROM {nd} ORDER BY node")
-    n = nd.num_rows
+    nd = s.arrow("SELECT * FROM {nd}")         # made in node order (lanes.py): read back as it is, unless
+    n = nd.num_rows                             # the connection does not preserve insertion order
+    node = _np(nd["node"])
+    if (node != np.arange(n)).any():
+        nd = nd.take(pa.array(np.argsort(node)))
     ms, me = _np(nd["ms"]), _np(nd["me"])
     kind = _np(nd["kind"]).astype(np.int8)
     inst = _np(nd["inst"])

@@ -108,10 +108,11 @@ WITH x AS (
     UNION ALL
     SELECT m.rank, m.exec_tid, m.c, m."end", $POST, m.op, 'comm', m.inst, m.exec_event_id, m.comm_id, 1, 2, m.pos
     FROM {cm} m JOIN {qthreads} q ON q.rank = m.rank AND q.tid = m.exec_tid AND q.is_gpu = m.on_gpu WHERE NOT m.on_cpu),
-l AS (SELECT *, $n_cpu_lanes + dense_rank() OVER (ORDER BY rank, tid) - 1 AS lane FROM x)
-SELECT $n_cpu_nodes + row_number() OVER (ORDER BY lane, ms, post, part, seq) - 1 AS node, lane, rank, tid, ms, me, kind,
-       label, category, inst, event_id, comm_id
-FROM l"""
+q AS (SELECT rank, tid, $n_cpu_lanes + row_number() OVER (ORDER BY rank, tid) - 1 AS lane
+      FROM (SELECT DISTINCT rank, tid FROM x))
+SELECT $n_cpu_nodes + row_number() OVER (ORDER BY q.lane, x.ms, x.post, x.part, x.seq) - 1 AS node, q.lane, x.rank, x.tid,
+       x.ms, x.me, x.kind, x.label, x.category, x.inst, x.event_id, x.comm_id
+FROM x JOIN q ON q.rank = x.rank AND q.tid = x.tid"""
 
 _SYNC_NODES = """
 SELECT $n_lane_nodes + inst AS node, -1 AS lane, -1 AS rank, -1 AS tid, last_arrival AS ms, last_arrival AS me, $SYNC AS kind,
@@ -129,16 +130,16 @@ def make_lanes(s: Scratch) -> None:
                         "FROM (SELECT DISTINCT rank, tid FROM {tops})")
     s.make("pt", _POINTS)
     s.make("cpu_nodes", _CPU_NODES)
-    (n_cpu_lanes,) = s.query("SELECT count(*) FROM {cpu_lanes}").fetchone()
-    (n_cpu_nodes,) = s.query("SELECT count(*) FROM {cpu_nodes}").fetchone()
+    n_cpu_lanes = s.scalar("SELECT count(*) FROM {cpu_lanes}")
+    n_cpu_nodes = s.scalar("SELECT count(*) FROM {cpu_nodes}")
     s.params.update(n_cpu_lanes=n_cpu_lanes, n_cpu_nodes=n_cpu_nodes)
     s.make("qthreads", _QUEUE_THREADS)
     s.make("queue_nodes", _QUEUE_ITEMS)
-    (n_q,) = s.query("SELECT count(*) FROM {queue_nodes}").fetchone()
+    n_q = s.scalar("SELECT count(*) FROM {queue_nodes}")
     s.params["n_lane_nodes"] = n_cpu_nodes + n_q
     s.make("nd", f"SELECT node, lane, rank, tid, ms, greatest(me, ms) AS me, kind, label, category, inst, event_id, comm_id "
                  f"FROM (SELECT * FROM {{cpu_nodes}} UNION ALL SELECT * FROM {{queue_nodes}} "
-                 f"UNION ALL ({_SYNC_NODES}))")
+                 f"UNION ALL ({_SYNC_NODES})) ORDER BY node")      # kept in node order: read back as it is
     s.make("lanes", """
         SELECT lane, rank, tid, false AS is_gpu, 'cpu' AS type FROM {cpu_lanes}
         UNION ALL

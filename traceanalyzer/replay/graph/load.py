@@ -50,6 +50,10 @@ class Scratch:
     def query(self, text: str):
         return self.con.execute(self.sql(text), self._used(text))
 
+    def scalar(self, text: str):
+        """The one value of a query (all rows fetched: the connection has no unfinished result)."""
+        return self.query(text).fetchall()[0][0]
+
     def arrow(self, text: str):
         return self.con.sql(self.sql(text), params=self._used(text)).to_arrow_table()
 
@@ -143,11 +147,12 @@ FROM steps s LEFT JOIN {off} o ON o.rank = s.rank WHERE s.run = $run"""
 def load(s: Scratch) -> None:
     """Make the tables listed in the module docstring."""
     con = s.con
-    applied = con.execute("SELECT count(*) FROM clock_alignment WHERE run = $run AND applied",
-                          {"run": s.params["run"]}).fetchone()[0]
+    applied = s.scalar("SELECT count(*) FROM clock_alignment WHERE run = $run AND applied")
     s.make("off", "SELECT rank::BIGINT AS rank, offset_ns::BIGINT AS off FROM clock_offsets "
                   "WHERE run = $run AND offset_ns IS NOT NULL" + ("" if applied else " AND false"))
-    cols = {d[0] for d in con.execute("SELECT * FROM events LIMIT 0").description}
+    cur = con.execute("SELECT * FROM events LIMIT 0")
+    cols = {d[0] for d in cur.description}
+    cur.fetchall()
     # stores before schema 1.3 have no events.nested: every event is fetched (the same top-level work)
     nested = "coalesce(e.nested, false)" if "nested" in cols else "false"
     s.make("ev", _EVENTS.replace("{nested}", nested))
