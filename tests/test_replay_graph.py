@@ -267,3 +267,23 @@ def test_nested_column_matches_window_definition(con):
                count(*), count(*) FILTER (WHERE e.nested)
         FROM events e LEFT JOIN w USING (run, rank, window_id, event_id)""").fetchone()
     assert bad == 0 and nested > 0.3 * total, (bad, total, nested)
+
+
+def test_pipeline_plan_is_a_graph_the_one_simulator_runs(con):
+    """A pipeline what-if (another schedule, more micro-batches) is a graph (graph/synthetic.py) run
+    by replay.Simulator: in its timeline every forward starts after the previous stage's forward of
+    that micro-batch, every backward after the next stage's backward (plus a p2p cost >= 0), and a
+    rank runs one action at a time."""
+    from traceanalyzer.replay import pipeline
+    r = pipeline.predict(con, "pp_1f1b_2rank_m4", schedule="gpipe", microbatches=8)
+    tl = r.timeline.copy()
+    tl["kind"], tl["mb"] = tl["name"].str[0], tl["name"].str[1:].astype(int)
+    assert len(tl) == 2 * 2 * 8 * tl["step"].nunique() and tl["step"].nunique() >= 2
+    a = tl.set_index(["step", "kind", "stage", "mb"])
+    for (step, kind, stage, mb), row in a.iterrows():
+        prev = (step, "F", stage - 1, mb) if kind == "F" else (step, "B", stage + 1, mb)
+        if prev in a.index:
+            assert row["start_ns"] >= a.loc[prev, "end_ns"], (step, kind, stage, mb)
+    for _, x in tl.sort_values("start_ns").groupby("rank"):
+        assert (x["start_ns"].to_numpy()[1:] >= x["end_ns"].to_numpy()[:-1]).all()
+    assert r.identity_error["median"] < 0.1 and r.job_step_ns() > r.job_step_ns("identity_ns")
