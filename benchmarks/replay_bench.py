@@ -2,14 +2,14 @@
 
 Usage (from the repo root): ``python benchmarks/replay_bench.py [--append]``. Ingests the committed
 traces (and the external 8-rank DLRM trace when present) into a temp store, builds each run's graph
-(timed apart: the store queries vs the numpy/pandas build), then replays it ``--repeat`` times.
+(timed apart: the load stage's store queries vs the rest of the build), then replays it ``--repeat`` times.
 Speed is given as simulated nodes/s and as a ratio to a baseline measured in the same process: one
 plain numpy pass over the same arrays (a cumulative sum of the durations plus a max-reduce over the
 edge CSR), i.e. what the arrays cost to touch at all. Goal: >= 1 M simulated ops/s.
 
 ``--store DIR`` instead times one big store (e.g. the 128-rank replicated DLRM job that
 ``benchmarks/analyses_bench.py --workdir DIR --keep --ingest-only`` builds): ``build_graph`` on a fresh
-connection (graph load = its store queries, build = the numpy work), the whole suite's analysis
+connection (graph load = its store queries, build = the lanes, edges and finish stages), the whole suite's analysis
 views apart (build_graph binds them only for a pipeline), simulator set-up and one identity replay,
 peak RSS, with a plain DuckDB scan of the same events (count + sum of durations) as the baseline
 measured in the same process. Goal (issue): a 128-rank step of >= 100 k ops per rank built and
@@ -108,7 +108,7 @@ def big_store(store: str, append: bool, straggler: bool = True, separate: bool =
             f"| phase | seconds | vs baseline scan |\n|---|---|---|\n"
             f"| baseline: DuckDB scan of the events (count, sum) | {scan_s:.2f} | 1.0x |\n"
             f"| graph load (store queries) | {g.stats['load_s']:.2f} | {g.stats['load_s'] / scan_s:.0f}x |\n"
-            f"| graph build (numpy: {phases}) | {g.stats['build_s']:.2f} | {g.stats['build_s'] / scan_s:.0f}x |\n"
+            f"| graph build (DuckDB lanes and edges, numpy finish: {phases}) | {g.stats['build_s']:.2f} | {g.stats['build_s'] / scan_s:.0f}x |\n"
             f"| build_graph in all (fresh process and connection) | {build_total:.2f} | {build_total / scan_s:.0f}x |\n"
             f"| simulator set-up | {setup_s:.2f} | {setup_s / scan_s:.1f}x |\n"
             f"| first identity replay ({g.n:,} nodes, {len(g.src):,} edges) | {sim_s:.2f} | {sim_s / scan_s:.1f}x |\n"

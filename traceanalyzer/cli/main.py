@@ -271,7 +271,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="value rank findings by the analyses' estimates only (no what-if replay)")
     s.add_argument("--replay-max-events", type=int, default=REPLAY_MAX_EVENTS, metavar="N",
                    help=f"replay runs of at most N stored events (default {REPLAY_MAX_EVENTS or 0:,}; building the "
-                        f"replay graph costs about 0.3 s per million events)")
+                        f"replay graph costs about 1 s per million events)")
     s.add_argument("--fail-on", action="extend", nargs="+", metavar="KEY>VALUE",
                    help="exit 1 with a one-line reason when a metric crosses a threshold (quote it for the shell: "
                         "'slowdown_pct>10'); also >=, <, <=, ==. Keys: " + ", ".join(METRICS))

@@ -6,9 +6,9 @@ be vectorised (every head may depend on the one before), so in plain Python it c
 per edge: 1.7 s for the 4 M-node, 128-rank graph of benchmarks/RESULTS.md, and the straggler
 metrics replay the graph once per rank. numba (the ``fast`` extra) compiles it to machine code;
 without numba, or with ``TRACEANALYZER_NO_NUMBA=1``, the same loop runs in Python and gives the
-same integers (tests/test_replay_build_equiv.py compares the two on every shipped run). The
-topological order's key repair (graph._topo_order) is compiled the same way, with the numpy
-passes as its fallback.
+same integers (tests/test_replay_graph.py compares the two on shipped runs). The topological
+order's key repair (graph/finish.py topo_order) is the other sequential sweep compiled the same
+way (the same loop in Python without numba).
 """
 from __future__ import annotations
 
@@ -44,10 +44,8 @@ def warm_up():
 
 def _load_kernels():
     try:
-        join, repair, sweep = _compiled(_merge_join), _compiled(_repair_keys), _compiled(_sweep)
+        repair, sweep = _compiled(_repair_keys), _compiled(_sweep)
         i = np.zeros(0, np.int64)
-        if join is not None:          # the signatures graph's build and the Simulator use
-            join(i, i, i, i, i, i)
         if repair is not None:
             repair(np.zeros(1), np.zeros(1, np.int64), np.zeros(2, np.int64), i, 1)
         if sweep is not None:
@@ -75,19 +73,14 @@ def _compiled(fn):
         return _COMPILED[name] or None
 
 
-def join_kernel():
-    """The compiled merge join of launches and GPU ops (graph._Builder._cpu_cut_points), or None."""
-    return _compiled(_merge_join)
-
-
 def sweep_kernel():
     """The compiled head sweep, or None where numba is missing or switched off."""
     return _compiled(_sweep)
 
 
 def repair_kernel():
-    """The compiled topological-key repair (graph._topo_order), or None."""
-    return _compiled(_repair_keys)
+    """The topological-key repair (graph/finish.py topo_order): compiled, else the same loop in Python."""
+    return _compiled(_repair_keys) or _repair_keys
 
 
 def _sweep(h_seg, h_a, h_b, h_rel, e_seg, e_src, e_lag, off, seg_start):
@@ -106,10 +99,7 @@ def _repair_keys(key, order, ptr, src, max_passes):
     """Raise key[d] to key[s] + 2^-8 wherever an in-edge s -> d has key[s] >= key[d], visiting the
     nodes in ``order`` (the recorded order, so most sources come first), pass after pass until a
     pass changes nothing. Returns the number of passes that changed a key, or -1 when
-    ``max_passes`` did not settle it (a cycle). The settled keys are the ones graph._topo_order's
-    vectorised passes reach: both stop at the unique keys with key[d] = max(key0[d], key[s] + 2^-8
-    over the sources with key[s] >= key0[d]) -- keys stay on the 2^-8 grid, so key[d] > key[s]
-    means key[d] >= key[s] + 2^-8."""
+    ``max_passes`` did not settle it (a cycle, or a very long chain of backward edges)."""
     eps = 0.5 ** 8
     for it in range(max_passes):
         changed = False
@@ -125,37 +115,3 @@ def _repair_keys(key, order, ptr, src, max_passes):
         if not changed:
             return it
     return -1
-
-
-def _merge_join(l_idx, r_idx, rank, corr, out_l, out_r):
-    """Pairs (i, j) with (rank, corr)[l_idx[i]] == (rank, corr)[r_idx[j]], in left order and each
-    left row's matches in right order (graph._inner_join's order), written to out_l/out_r; returns
-    how many, -1 where a side is not sorted by (rank, corr) (then graph's sort-based join runs), -2
-    where out_l is too short. Both sides come sorted from a store (events in rank and time order,
-    correlation ids growing with time), so one merge pass replaces the key arrays, the sort and the
-    binary searches: 0.2 s at 128 ranks."""
-    nl, nr = len(l_idx), len(r_idx)
-    for i in range(1, nl):
-        a, b = l_idx[i - 1], l_idx[i]
-        if rank[b] < rank[a] or (rank[b] == rank[a] and corr[b] < corr[a]):
-            return -1
-    for j in range(1, nr):
-        a, b = r_idx[j - 1], r_idx[j]
-        if rank[b] < rank[a] or (rank[b] == rank[a] and corr[b] < corr[a]):
-            return -1
-    j = 0
-    n = 0
-    for i in range(nl):
-        a = l_idx[i]
-        ra, ca = rank[a], corr[a]
-        while j < nr and (rank[r_idx[j]] < ra or (rank[r_idx[j]] == ra and corr[r_idx[j]] < ca)):
-            j += 1
-        k = j
-        while k < nr and rank[r_idx[k]] == ra and corr[r_idx[k]] == ca:
-            if n >= len(out_l):
-                return -2
-            out_l[n] = i
-            out_r[n] = k
-            n += 1
-            k += 1
-    return n

@@ -7,10 +7,11 @@ micro-batches) from the per-micro-batch stage costs measured in a run, and simul
     r.identity_error   # the same model regenerating the recorded schedule, against the measurement
     r.bubbles          # per rank: bubble fraction predicted / identity / measured, and the theory
 
-Why a model of its own and not ``replay.graph``: the recorded graph keeps the recorded actions and
-their dependencies; a new schedule or micro-batch count needs actions that never ran. So each rank
-becomes an ordered list of actions, F(stage, mb) and B(stage, mb), in the order torch's schedules run
-them (``schedule_order``), and a deterministic simulation (``simulate_schedule``) starts an action
+Why a graph of its own and not the recorded one (``replay.graph.build_graph``): the recorded graph
+keeps the recorded actions and their dependencies; a new schedule or micro-batch count needs actions
+that never ran. So each rank becomes an ordered list of actions, F(stage, mb) and B(stage, mb), in
+the order torch's schedules run them (``schedule_order``); ``simulate_schedule`` makes them a graph
+(``replay.graph.synthetic``) that the replay's one simulator runs: an action starts
 when its rank is ready (previous action done, plus the host's own work between actions), its input
 has arrived and the sends the schedule waits for there are complete (``send_waits``):
 
@@ -530,101 +531,86 @@ def _plan_costs(c: StageCosts, step, order: dict):
 
 
 def simulate_schedule(c: StageCosts, order: dict, steps: list, schedule: str) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """Run ``order`` (rank position -> actions) for a warm-up step and then ``steps``, back to back.
-    An action starts when its rank is ready (previous action + host work), its input has arrived
-    (max(producer end, ready) + p2p cost; Interleaved1F1B posts its receives ahead, so there only
-    producer end + p2p cost) and the sends it waits for are complete (``send_waits``).
-    Returns (per rank and step: start_ns, end_ns, own_ns, sim_ns) and the timeline."""
+    """Run ``order`` (rank position -> actions) for a warm-up step and then ``steps``, back to back,
+    as a graph (graph/synthetic.py) that the replay's simulator runs. Each rank is a lane: per step
+    its host work before the actions, then per action its overhead and its compute, then its host
+    work after. A compute starts when its rank is ready (the overhead before it is done), its input
+    has arrived and the sends it waits for (``send_waits``) are complete. A message (activations
+    to stage + 1, gradients to stage - 1) is a node of its own lasting the step's p2p cost, after
+    the producer's compute and the consumer being ready (a rendezvous; Interleaved1F1B posts its
+    receives ahead, so there after the producer alone). Returns (per rank and step: start_ns,
+    end_ns, own_ns, sim_ns) and the timeline (rank, step, stage, name, start_ns, end_ns)."""
+    from .graph.synthetic import GraphSpec
+    from .simulate import Simulator
     n_stages = c.n_ranks * c.stages_per_rank
     last = n_stages - 1
     early_recv = schedule == "interleaved1f1b"
     srow = c.steps.set_index(["rank", "step"])
     plan = [("warmup", steps[0])] + [(s, s) for s in steps]
-    items = {}
+    lat = {(label, k): c.p2p_step_ns(st, k) for label, st in plan for k in ("F", "B")}
+    spec = GraphSpec(c.run)
+    ready, compute = {}, {}          # action (label, stage, kind, mb) -> its overhead node, its compute node
+    waits_of, own_forward = [], []   # (node, label, messages it waits for); (last stage's forward, its backward)
+    step_nodes, own, timeline = [], {}, []
     for pos in order:
         rank = c.ranks[pos]
+        lane = spec.lane(rank, int(srow.loc[(rank, steps[0]), "start_ns"]))
         before, post_waits = send_waits(schedule, order[pos], n_stages)
-        seq = []
         for label, st in plan:
             w = srow.loc[(rank, st)]
             acts = _plan_costs(c, st, {pos: order[pos]})[pos]
-            seq.append((label, "pre", int(w["pre_ns"]), []))
-            for i, a in enumerate(acts):
-                seq.append((label, "act", (a, int(w["overhead_ns"]) if i else 0), before[i]))
-            seq.append((label, "post", int(w["post_ns"]), post_waits))
-        items[pos] = seq
-    t = {pos: int(srow.loc[(c.ranks[pos], steps[0]), "start_ns"]) for pos in order}
-    ptr = {pos: 0 for pos in order}
-    end, ready_at = {}, {}
-    step_start, step_end, own = {}, {}, {}
-    timeline = []
-    lat = {(label, k): c.p2p_step_ns(st, k) for label, st in plan for k in ("F", "B")}
+            pre = spec.node(lane, int(w["pre_ns"]))
+            own[(pos, label)] = int(w["pre_ns"]) + int(w["post_ns"])
+            for i, (s, k, mb, dur) in enumerate(acts):
+                ovh = int(w["overhead_ns"]) if i else 0
+                key = (label, s, k, mb)
+                ready[key] = spec.node(lane, ovh)
+                compute[key] = spec.node(lane, dur)
+                own[(pos, label)] += dur + ovh
+                timeline.append((rank, label, s, f"{k}{mb}", compute[key]))
+                waits_of.append((compute[key], label, before[i]))
+                if k == "B" and s == last:
+                    own_forward.append(((label, s, "F", mb), compute[key]))
+                elif not (k == "F" and s == 0):
+                    waits_of.append((compute[key], label, [(k, s - 1 if k == "F" else s + 1, mb)]))
+            post = spec.node(lane, int(w["post_ns"]))
+            waits_of.append((post, label, post_waits))
+            step_nodes.append((rank, label, pos, pre, post))
+    msgs = {}
 
-    def consumer(label, k, s, mb):
-        return (label, s + 1, "F", mb) if k == "F" else (label, s - 1, "B", mb)
+    def message(label, k, s, mb):
+        """The node of the message produced by (label, s, k, mb): created once."""
+        key = (label, s, k, mb)
+        if key not in msgs:
+            consumer = (label, s + 1, "F", mb) if k == "F" else (label, s - 1, "B", mb)
+            if key not in compute or consumer not in ready:
+                raise TraceAnalyzerError("pipeline what-if: the schedule deadlocks (an action waits for one that "
+                                         "never runs); check the schedule and micro-batch count")
+            msgs[key] = m = spec.node(-1, lat[(label, k)])
+            spec.edge(compute[key], m)
+            if not early_recv:
+                spec.edge(ready[consumer], m)
+        return msgs[key]
 
-    def completion(label, k, s, mb):
-        """When a message is received (None: not yet known)."""
-        prod = (label, s, k, mb)
-        if prod not in end:
-            return None
-        if early_recv:
-            return end[prod] + lat[(label, k)]
-        r = ready_at.get(consumer(label, k, s, mb))
-        return None if r is None else max(end[prod], r) + lat[(label, k)]
-
-    total = sum(len(v) for v in items.values())
-    done = 0
-    while done < total:
-        progressed = False
-        for pos in order:
-            seq = items[pos]
-            while ptr[pos] < len(seq):
-                label, what, x, waits = seq[ptr[pos]]
-                comps = [completion(label, *m) for m in waits]
-                if any(v is None for v in comps):
-                    if what == "act":
-                        (s, k, mb, _), ovh = x
-                        ready_at.setdefault((label, s, k, mb), t[pos] + ovh)
-                    break
-                if what == "pre":
-                    step_start[(pos, label)] = t[pos]
-                    own[(pos, label)] = x
-                    t[pos] += x
-                elif what == "post":
-                    t[pos] = max([t[pos]] + comps) + x
-                    own[(pos, label)] += x
-                    step_end[(pos, label)] = t[pos]
-                else:
-                    (s, k, mb, dur), ovh = x
-                    ready = t[pos] + ovh
-                    ready_at.setdefault((label, s, k, mb), ready)
-                    if k == "B" and s == last:
-                        arrival = end.get((label, s, "F", mb))
-                    elif k == "F" and s == 0:
-                        arrival = ready
-                    else:
-                        arrival = completion(label, k, s - 1 if k == "F" else s + 1, mb)
-                    if arrival is None:
-                        break
-                    start = max([ready, arrival] + comps)
-                    end[(label, s, k, mb)] = start + dur
-                    own[(pos, label)] += dur + ovh
-                    timeline.append((c.ranks[pos], label, s, f"{k}{mb}", start, start + dur))
-                    t[pos] = start + dur
-                ptr[pos] += 1
-                done += 1
-                progressed = True
-        if not progressed:
+    for node, label, ms in waits_of:
+        for k, s, mb in ms:
+            spec.edge(message(label, k, s, mb), node)
+    for prod, node in own_forward:
+        if prod not in compute:
             raise TraceAnalyzerError("pipeline what-if: the schedule deadlocks (an action waits for one that "
                                      "never runs); check the schedule and micro-batch count")
-    rows = [(c.ranks[pos], label, step_start[(pos, label)], step_end[(pos, label)], own[(pos, label)])
-            for pos in order for label, _ in plan if label != "warmup"]
+        spec.edge(compute[prod], node)
+    g, new = spec.build("pipeline what-if")
+    sched = Simulator(g).run()
+    start, end = sched.start[new], sched.end[new]
+    rows = [(rank, label, int(start[pre]), int(end[post]), own[(pos, label)])
+            for rank, label, pos, pre, post in step_nodes if label != "warmup"]
     st = pd.DataFrame(rows, columns=["rank", "step", "start_ns", "end_ns", "own_ns"])
     st["sim_ns"] = st["end_ns"] - st["start_ns"]
-    tl = pd.DataFrame(timeline, columns=["rank", "step", "stage", "name", "start_ns", "end_ns"])
-    tl = tl[tl["step"] != "warmup"].astype({"step": "int64"}).reset_index(drop=True)
-    return st, tl
+    tl = pd.DataFrame([(r, label, s, name, int(start[x]), int(end[x])) for r, label, s, name, x in timeline],
+                      columns=["rank", "step", "stage", "name", "start_ns", "end_ns"])
+    tl = tl[tl["step"] != "warmup"].astype({"step": "int64"}).sort_values(["start_ns", "rank"], kind="stable")
+    return st, tl.reset_index(drop=True)
 
 
 def predict(store_or_con, run: str | None = None, schedule: str | None = None, microbatches: int | None = None,

@@ -278,7 +278,7 @@ _NOT_WORK = ("step", "instant", "gpu_annotation")
 def _nested(events: pa.Table) -> pa.Array:
     """events.nested: per CPU thread, events sorted by (start, longest first, file order); an event
     is nested when it starts before and ends no later than the latest end of the events before it.
-    The replay graph builder (replay/graph.py) merges each thread's events into top-level work
+    The replay graph builder (replay/graph/load.py) merges each thread's events into top-level work
     by this very rule, so it may leave nested cpu_ops in the store: they cannot start or extend
     a top-level span. The profiler's own 'PyTorch Profiler' spans are not counted either."""
     n = events.num_rows

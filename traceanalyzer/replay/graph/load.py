@@ -1,0 +1,166 @@
+"""Stage 1 of the build: the run's events, communication and steps as DuckDB tables.
+
+Every table lives on the caller's connection as a TEMP table with a name of this build's own
+(``Scratch``), and is dropped when the build ends; nothing is left behind on the connection.
+Times are clock-aligned here once (clock_offsets, only where clock_alignment applies them).
+
+Tables made (columns):
+* ``off``    rank, off: the applied clock offset per rank
+* ``ev``     the run's complete events: rank, event_id, kind, name, ts, te, dur, tid, is_gpu, corr,
+             nested (cpu_ops that ingest found nested are left in the store: nothing here reads them)
+* ``cm``     communication with a key: the execution span (start, end), its instance ``inst``
+             ((pg, seq) for collectives, (pg, src, dst, tag, p2p_seq) for p2p), the instance's last
+             arrival ``c`` (clipped to the member's own span), where it runs (``on_cpu``: on the
+             issuing thread; ``is_q``: on a runloop thread), the enqueue cut point ``cut``
+* ``inst``   one row per instance: key, op, bytes, is_p2p, n_ranks, last_arrival, transfer_ns
+* ``cpu``    the CPU threads that get a lane (not a GPU stream, not a runloop thread)
+* ``launch`` runtime calls on CPU lanes joined to the GPU ops they launched (rank, correlation)
+* ``tops``   the top-level work of each CPU thread: intervals merged over its events in (start,
+             longest first, event id) order (the rule events.nested is made by), named after the
+             first event; ``nxt`` is the next interval's start
+* ``st``     steps (rank, step, start, end, dur_ns) and ``main`` (the thread recording ProfilerStep)
+"""
+from __future__ import annotations
+
+import itertools
+import re
+
+_SCRATCH_IDS = itertools.count()
+
+
+class Scratch:
+    """TEMP tables of one build on a connection, named ``_replay<id>_<name>``, dropped by ``close``."""
+
+    def __init__(self, con, params: dict):
+        self.con, self.params = con, params
+        self.prefix = f"_replay{next(_SCRATCH_IDS)}_"
+        self.made: list[str] = []
+
+    def t(self, name: str) -> str:
+        return self.prefix + name
+
+    def sql(self, text: str) -> str:
+        """``text`` with every ``{name}`` replaced by the scratch table's name."""
+        return re.sub(r"\{(\w+)\}", lambda m: self.t(m.group(1)), text)
+
+    def make(self, name: str, text: str) -> None:
+        self.con.execute(f"CREATE TEMP TABLE {self.t(name)} AS " + self.sql(text), self._used(text))
+        self.made.append(self.t(name))
+
+    def query(self, text: str):
+        return self.con.execute(self.sql(text), self._used(text))
+
+    def scalar(self, text: str):
+        """The one value of a query (all rows fetched: the connection has no unfinished result)."""
+        return self.query(text).fetchall()[0][0]
+
+    def arrow(self, text: str):
+        return self.con.sql(self.sql(text), params=self._used(text)).to_arrow_table()
+
+    def _used(self, text: str) -> dict:
+        return {k: v for k, v in self.params.items() if f"${k}" in text}
+
+    def close(self) -> None:
+        for t in reversed(self.made):
+            self.con.execute(f"DROP TABLE IF EXISTS {t}")
+        self.made.clear()
+
+
+_EVENTS = """
+SELECT e.rank::BIGINT AS rank, e.event_id, e.kind, e.name, coalesce(e.ts_ns, 0) + coalesce(o.off, 0) AS ts,
+       coalesce(e.dur_ns, 0) AS dur, coalesce(e.ts_ns, 0) + coalesce(o.off, 0) + coalesce(e.dur_ns, 0) AS te,
+       coalesce(e.tid, 0) AS tid, coalesce(e.is_gpu, false) AS is_gpu, e.correlation AS corr,
+       {nested} AS nested
+FROM events e LEFT JOIN {off} o ON o.rank = e.rank
+WHERE e.run = $run AND e.ph = 'X' AND e.kind NOT IN ('instant', 'gpu_annotation')
+  AND NOT (e.kind = 'other' AND e.name LIKE 'PyTorch Profiler%')
+  AND NOT (e.kind = 'cpu_op' AND {nested})"""
+
+_COMMS = """
+WITH c AS (
+    SELECT row_number() OVER (ORDER BY m.rank, m.comm_id) AS pos, m.rank::BIGINT AS rank, m.comm_id, m.op, m.is_p2p,
+           coalesce(m.pg_name, '?') AS pg, m.seq, m.p2p_seq, m.src_rank, m.dst_rank, m.tag,
+           coalesce(CASE WHEN m.op = 'all_gather' THEN m.out_bytes ELSE m.in_bytes END, 0) AS bytes,
+           m.enqueue_ts_ns + coalesce(o.off, 0) AS enq_ts, coalesce(m.enqueue_dur_ns, 0) AS enq_dur,
+           m.enqueue_tid AS enq_tid, coalesce(m.exec_event_id, -1) AS exec_event_id,
+           m.start_ts_ns + coalesce(o.off, 0) AS start, m.end_ts_ns + coalesce(o.off, 0) AS "end", m.exec_tid,
+           coalesce(m.on_gpu, false) AS on_gpu
+    FROM comms m LEFT JOIN {off} o ON o.rank = m.rank
+    WHERE m.run = $run AND m.start_ts_ns IS NOT NULL AND (m.seq IS NOT NULL OR (m.is_p2p AND m.p2p_seq IS NOT NULL))),
+k AS (
+    SELECT *, CASE WHEN is_p2p THEN 'p2p|' || pg || '|' || coalesce(src_rank::VARCHAR, '') || '>' ||
+                   coalesce(dst_rank::VARCHAR, '') || '|' || coalesce(tag::VARCHAR, '') || '|' ||
+                   coalesce(p2p_seq::VARCHAR, '')
+              ELSE 'coll|' || pg || '|' || coalesce(seq::VARCHAR, '') END AS key
+    FROM c),
+f AS (SELECT *, min(pos) OVER (PARTITION BY key) AS first_pos, max(start) OVER (PARTITION BY key) AS last_arrival
+      FROM k)
+SELECT *, dense_rank() OVER (ORDER BY first_pos) - 1 AS inst,
+       least(last_arrival, greatest("end", start)) AS c,
+       NOT on_gpu AND coalesce(exec_tid = enq_tid, false) AS on_cpu,
+       NOT on_gpu AND NOT coalesce(exec_tid = enq_tid, false) AS is_q,
+       least(greatest(start, enq_ts), enq_ts + enq_dur) AS cut
+FROM f"""
+
+_INSTANCES = """
+SELECT inst, first(key ORDER BY pos) AS key, first(op ORDER BY pos) AS op, max(bytes) AS bytes,
+       first(is_p2p ORDER BY pos) AS is_p2p, count(DISTINCT rank) AS n_ranks, max(start) AS last_arrival,
+       greatest(min("end") - max(start), 0) AS transfer_ns
+FROM {cm} GROUP BY inst"""
+
+_CPU_THREADS = """
+SELECT DISTINCT rank, tid FROM {ev} WHERE NOT is_gpu
+EXCEPT SELECT DISTINCT rank, exec_tid FROM {cm} WHERE is_q AND exec_tid IS NOT NULL"""
+
+# runtime calls with a correlation id, joined to the GPU ops of their rank with the same id
+_LAUNCHES = """
+SELECT r.rank, r.tid, r.ts AS l_ts, r.te AS l_te, r.corr, g.event_id AS g_eid, g.te AS g_te
+FROM {ev} r JOIN {ev} g ON g.rank = r.rank AND g.corr = r.corr AND g.is_gpu
+WHERE NOT r.is_gpu AND r.kind IN ('runtime', 'sync') AND r.corr IS NOT NULL
+  AND (r.rank, r.tid) {members} (SELECT rank, tid FROM {cpu})"""
+
+# top-level work: an event that starts at or after the latest end before it (in the thread's
+# (start, longest first, event id) order) opens an interval; the interval is named after it
+_TOPS = """
+WITH w AS (
+    SELECT e.rank, e.tid, e.ts, e.te, e.dur, e.event_id, e.name, e.kind,
+           max(e.te) OVER (PARTITION BY e.rank, e.tid ORDER BY e.ts, e.dur DESC, e.event_id
+                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_max
+    FROM {ev} e SEMI JOIN {cpu} c ON c.rank = e.rank AND c.tid = e.tid
+    WHERE NOT e.is_gpu AND e.kind <> 'step' AND NOT e.nested),
+i AS (
+    SELECT *, sum(CASE WHEN prev_max IS NULL OR ts >= prev_max THEN 1 ELSE 0 END)
+              OVER (PARTITION BY rank, tid ORDER BY ts, dur DESC, event_id ROWS UNBOUNDED PRECEDING) AS island
+    FROM w),
+t AS (
+    SELECT rank, tid, min(ts) AS start, max(te) AS "end",
+           first(name ORDER BY ts, dur DESC, event_id) AS name, first(kind ORDER BY ts, dur DESC, event_id) AS kind
+    FROM i GROUP BY rank, tid, island)
+SELECT *, lead(start) OVER (PARTITION BY rank, tid ORDER BY start) AS nxt FROM t"""
+
+_STEPS = """
+SELECT s.rank::BIGINT AS rank, s.step, s.start_ts_ns + coalesce(o.off, 0) AS start,
+       s.end_ts_ns + coalesce(o.off, 0) AS "end", s.dur_ns
+FROM steps s LEFT JOIN {off} o ON o.rank = s.rank WHERE s.run = $run"""
+
+
+def load(s: Scratch) -> None:
+    """Make the tables listed in the module docstring."""
+    con = s.con
+    applied = s.scalar("SELECT count(*) FROM clock_alignment WHERE run = $run AND applied")
+    s.make("off", "SELECT rank::BIGINT AS rank, offset_ns::BIGINT AS off FROM clock_offsets "
+                  "WHERE run = $run AND offset_ns IS NOT NULL" + ("" if applied else " AND false"))
+    cur = con.execute("SELECT * FROM events LIMIT 0")
+    cols = {d[0] for d in cur.description}
+    cur.fetchall()
+    # stores before schema 1.3 have no events.nested: every event is fetched (the same top-level work)
+    nested = "coalesce(e.nested, false)" if "nested" in cols else "false"
+    s.make("ev", _EVENTS.replace("{nested}", nested))
+    s.make("cm", _COMMS)
+    s.make("inst", _INSTANCES)
+    s.make("cpu", _CPU_THREADS)
+    s.make("launch", _LAUNCHES.replace("{members}", "IN"))
+    s.make("tops", _TOPS)
+    s.make("st", _STEPS)
+    # the thread that records ProfilerStep is each rank's main thread
+    s.make("main", "SELECT rank, arg_min(tid, event_id) AS tid FROM {ev} WHERE kind = 'step' GROUP BY rank")
