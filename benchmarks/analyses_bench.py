@@ -478,10 +478,10 @@ def phase_one(spec: dict) -> dict:
 #: except HTA's compatibility views (timed by the parity tests) and macros (they take arguments)
 def _sql_views() -> list[str]:
     sys.path.insert(0, str(REPO))
-    from traceanalyzer.analyses import MODULES
+    from traceanalyzer.analyses.modules import closure, modules
     sql_dir = REPO / "traceanalyzer" / "analyses" / "sql"
     out = []
-    for mod in MODULES:
+    for mod in closure(sorted(modules())):     # every module, each after what it reads
         f = sql_dir / f"{mod}.sql"
         if mod == "hta_compat" or not f.exists():
             continue
