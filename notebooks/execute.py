@@ -6,13 +6,14 @@
 The sources in notebooks/ stay without outputs (tests/test_notebooks.py runs them); the executed
 copies are what a reader browses (GitHub renders them, figures included). After changing a
 notebook, run this and commit both: tests/test_notebooks.py checks that every executed copy has the
-code of its source and has outputs. Stores go to a temporary folder (TRACEANALYZER_NOTEBOOK_DIR if
-set). Needs the ``test`` extra (nbclient, ipykernel, nbformat).
+code of its source and has outputs. Stores go to a fresh ``$TMPDIR/traceanalyzer_notebooks_executed``
+(or TRACEANALYZER_NOTEBOOK_DIR, used as it is). Needs the ``test`` extra (nbclient, ipykernel, nbformat).
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -20,6 +21,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 OUT = HERE / "executed"
 KERNEL = "traceanalyzer-execute"
+#: The stores' folder under the temporary directory (printed in some outputs).
+WORK_NAME = "traceanalyzer_notebooks_executed"
 
 
 def _kernel_env(root: Path) -> dict:
@@ -29,8 +32,11 @@ def _kernel_env(root: Path) -> dict:
     (spec / "kernel.json").write_text(json.dumps({
         "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
         "display_name": "traceanalyzer", "language": "python"}))
-    return {"JUPYTER_PATH": str(root), "MPLBACKEND": "Agg",
-            "TRACEANALYZER_NOTEBOOK_DIR": os.environ.get("TRACEANALYZER_NOTEBOOK_DIR", str(root / "work"))}
+    work = os.environ.get("TRACEANALYZER_NOTEBOOK_DIR")
+    if not work:   # our own folder: fresh stores, at one fixed path so re-executing changes few outputs
+        work = Path(tempfile.gettempdir()) / WORK_NAME
+        shutil.rmtree(work, ignore_errors=True)
+    return {"JUPYTER_PATH": str(root), "MPLBACKEND": "Agg", "TRACEANALYZER_NOTEBOOK_DIR": str(work)}
 
 
 def execute(path: Path, out_dir: Path = OUT) -> Path:

@@ -10,7 +10,6 @@ import re
 import pandas as pd
 import pytest
 from conftest import TRACES
-from test_report import shipped_store
 
 from traceanalyzer import report
 from traceanalyzer.analyses.results import analyze, format_text
@@ -20,8 +19,8 @@ NA = re.compile(r"\bnan\b|<NA>|\bNaN\b|\bNone\b")
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    return shipped_store(tmp_path_factory)
+def store(shipped_store):
+    return shipped_store
 
 
 @pytest.fixture(scope="module")
