@@ -46,6 +46,7 @@ def monkeypatch_module():
     mp.undo()
 
 
+@pytest.mark.slow
 def test_notebooks_run_top_to_bottom(kernel):
     """All four at once, one kernel each (they use separate stores): their analyses are
     single-threaded, so this takes the time of the longest rather than the sum."""
