@@ -4,6 +4,8 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
+import shutil
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -46,6 +48,57 @@ def ingest_runs(tmp_path_factory, name: str, runs, dlrm: bool = False, workers: 
     if dlrm and (EXTERNAL / "param_dlrm_8rank").exists():
         ta.ingest([str(EXTERNAL / "param_dlrm_8rank")], str(d), run="dlrm", progress=False, workers=workers)
     return d
+
+
+#: The shipped runs of the session's shared store (:func:`shipped_store`): the four with an injected
+#: fault and three clean ones, each under its folder name (ingest's default run name).
+SHIPPED_RUNS = ("ddp_gloo_4rank_slow2", "pp_1f1b_4rank_slow2", "ddp_gloo_2rank_imb1", "ddp_gloo_2rank_nooverlap",
+                "ddp_gloo_2rank", "ddp_gloo_4rank", "pp_1f1b_4rank")
+CLEAN = ("ddp_gloo_2rank", "ddp_gloo_4rank", "pp_1f1b_4rank")
+#: A copy of ddp_gloo_2rank whose costliest operator is renamed to a script tag (escaping tests).
+XSS = "<script>alert(1)</script>"
+XSS_RUN = "ddp_gloo_2rank_xss"
+
+
+def _xss_copy(dest: Path) -> tuple[Path, str]:
+    """traces/ddp_gloo_2rank with its costliest CPU operator renamed to a script tag (every rank)."""
+    shutil.copytree(TRACES / "ddp_gloo_2rank", dest)
+    files = sorted(dest.glob("*.pt.trace.json.gz"))
+    raws = [json.loads(gzip.open(f, "rt").read()) for f in files]
+    total = Counter()
+    for raw in raws:
+        for e in raw["traceEvents"]:
+            if e.get("cat") == "cpu_op" and e.get("ph") == "X":
+                total[e["name"]] += e.get("dur", 0)
+    victim = total.most_common(1)[0][0]
+    for f, raw in zip(files, raws):
+        for e in raw["traceEvents"]:
+            if e.get("name") == victim:
+                e["name"] = XSS
+        with gzip.open(f, "wt") as fh:
+            json.dump(raw, fh)
+    return dest, victim
+
+
+def _shipped_store(tmp_path_factory) -> Path:
+    """One store with the shipped runs the report, diff, export and output tests need (and the XSS
+    copy), ingested once per test session."""
+    import traceanalyzer as ta
+    root = tmp_path_factory.mktemp("shipped_runs")
+    store = root / "store"
+    for run in SHIPPED_RUNS:
+        ta.ingest([TRACES / run], store, run=run, progress=False, workers=1)  # small traces: no pool
+    xss, _ = _xss_copy(root / "traces" / XSS_RUN)
+    ta.ingest([xss], store, run=XSS_RUN, progress=False, workers=1)
+    return store
+
+
+@pytest.fixture(scope="session")
+def shipped_store(tmp_path_factory) -> Path:
+    """The session's shared store of SHIPPED_RUNS and the XSS copy, ingested once for every test
+    module that reads them (report, diff, export, output). Tests may add saved results to it (the
+    same ones whoever computes them); they must not ingest into it or delete from it."""
+    return _shipped_store(tmp_path_factory)
 
 
 def need_external():

@@ -47,13 +47,13 @@ def test_real_gloo_hang_names_the_missing_rank_and_the_collective():
 
 def test_cli_prints_one_screen(run_cli):
     code, out, err = run_cli("desync", DESYNC)
-    assert code == 0, err
+    assert code == 1, err  # a hang found: exit 1, so CI can gate on it
     lines = out.splitlines()
     assert len(lines) <= 40
     assert "HANG: not all ranks joined: group 0 (default_pg), collective #7: gloo:all_reduce" in out
     assert "missing ranks: 1   joined: 0,2" in out and "allreduce_grads at" in out
     code, out, err = run_cli("desync", DESYNC, "--json")
-    assert code == 0 and json.loads(out)[0]["missing_ranks"] == [1]
+    assert code == 1 and json.loads(out)[0]["missing_ranks"] == [1]
 
 
 def test_from_a_store_and_without_manifests(tmp_path):
@@ -230,3 +230,10 @@ def test_desync_workload_hangs_and_every_rank_dumps(tmp_path):
     f = d.findings.iloc[0]
     assert (f["kind"], f["missing_ranks"], f["joined_ranks"], f["op"]) == ("missing_ranks", [1], [0], "all_reduce")
     assert f["seq"] == last_seq(folder / "rank1.fr.json") + 1
+
+
+def test_cli_exit_code_gates_on_a_hang(run_cli):
+    """Exit 1 with a hang (documented in `traceanalyzer --help`), 0 on a clean run: CI can gate on it."""
+    assert run_cli("desync", DESYNC)[0] == 1
+    code, out, err = run_cli("desync", TRACES / "ddp_gloo_2rank")
+    assert code == 0 and "No desync" in out, err

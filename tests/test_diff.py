@@ -4,14 +4,13 @@ from __future__ import annotations
 import json
 
 import pytest
-from test_report import shipped_store
 
 from traceanalyzer.analyses.diff import diff_runs
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    return shipped_store(tmp_path_factory)
+def store(shipped_store):
+    return shipped_store
 
 
 def test_straggler_is_the_top_change(store, run_cli):

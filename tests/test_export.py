@@ -10,7 +10,6 @@ from decimal import Decimal
 
 import pytest
 from conftest import TRACES, load_raw
-from test_report import shipped_store
 
 import traceanalyzer as ta
 from traceanalyzer.export.trace import (
@@ -25,8 +24,8 @@ PP = "pp_1f1b_4rank_slow2"
 
 
 @pytest.fixture(scope="module")
-def store(tmp_path_factory):
-    return shipped_store(tmp_path_factory)
+def store(shipped_store):
+    return shipped_store
 
 
 @pytest.fixture(scope="module")

@@ -46,6 +46,7 @@ def monkeypatch_module():
     mp.undo()
 
 
+@pytest.mark.slow
 def test_notebooks_run_top_to_bottom(kernel):
     """All four at once, one kernel each (they use separate stores): their analyses are
     single-threaded, so this takes the time of the longest rather than the sum."""
@@ -73,3 +74,19 @@ def test_notebooks_run_top_to_bottom(kernel):
     for name, nb in books.items():
         outputs = [c.outputs for c in nb.cells if c.cell_type == "code"]
         assert all(outputs[1:]), f"{name}: a cell after the set-up printed nothing"
+
+
+def test_executed_copies_are_current():
+    """notebooks/executed/ holds each notebook run with its outputs (for readers; written by
+    notebooks/execute.py): same cells as the source, and outputs after the set-up. After editing a
+    notebook: python notebooks/execute.py NAME, and commit both."""
+    for p in NOTEBOOKS:
+        ex = ROOT / "notebooks" / "executed" / p.name
+        assert ex.is_file(), f"{ex} is missing: run python notebooks/execute.py {p.stem}"
+        src, done = json.loads(p.read_text())["cells"], json.loads(ex.read_text())["cells"]
+        assert [(c["cell_type"], "".join(c["source"])) for c in src] == \
+               [(c["cell_type"], "".join(c["source"])) for c in done], \
+            f"{ex.name} is stale (its cells differ from {p.name}): run python notebooks/execute.py {p.stem}"
+        code = [c for c in done if c["cell_type"] == "code"]
+        assert all(c.get("outputs") for c in code[1:]), f"{ex.name}: a cell after the set-up has no output"
+        assert not any(o.get("output_type") == "error" for c in code for o in c.get("outputs", [])), ex.name

@@ -1,6 +1,6 @@
 """Compare two runs (A = baseline, B = the other): what changed, ranked by its impact on the step.
 
-    d = diff_runs("store", run_a="ddp4", run_b="ddp4_slow")        # or two stores
+    d = diff_runs("store", run_a="ddp_gloo_4rank", run_b="ddp_gloo_4rank_slow2")   # or two stores
     d.changes.head()                                                # ranked causes
     print(d.text())
 
@@ -74,10 +74,12 @@ class Diff:
         a, b = self.a, self.b
         d = b.step_ns - a.step_ns
         lines = [f"A: run '{a.run}' ({a.store})", f"B: run '{b.run}' ({b.store})",
-                 f"step time: {_ms(a.step_ns)} -> {_ms(b.step_ns)} ({_signed_ms(d)}, {100 * d / a.step_ns:+.1f}%)", "",
-                 f"what changed, ranked by impact on the step (B - A per step; top {top}):"]
+                 f"step time: {_ms(a.step_ns)} -> {_ms(b.step_ns)} ({_signed_ms(d)}, {_pct(100 * d / a.step_ns)}) "
+                 f"(median over steps of the median over ranks)", "",
+                 f"what changed, ranked by impact on the step (top {top}); how much: B - A in ms per step, and in % of "
+                 f"A's median step ({_ms(a.step_ns)}):"]
         for i, c in enumerate(self.changes.head(top).itertuples(), start=1):
-            lines.append(f"{i:3d}. {c.what}: {c.detail} ({_signed_ms(c.delta_ns)}, {c.delta_pct_of_step:+.1f}% of A's step)")
+            lines.append(f"{i:3d}. {c.what}: {c.detail}; {_signed_ms(c.delta_ns)} per step ({_pct(c.delta_pct_of_step)})")
         if self.changes.empty:
             lines.append("     nothing above the noise floor")
         lines += ["", "effects (where the step time went):"]
@@ -87,11 +89,15 @@ class Diff:
 
 
 def _ms(ns) -> str:
-    return "-" if ns is None or pd.isna(ns) else f"{ns / 1e6:.2f} ms"
+    return "unknown" if ns is None or pd.isna(ns) else f"{ns / 1e6:.2f} ms"
 
 
 def _signed_ms(ns) -> str:
-    return f"{ns / 1e6:+.2f} ms"
+    return "unknown" if ns is None or pd.isna(ns) else f"{ns / 1e6:+.2f} ms"
+
+
+def _pct(v) -> str:
+    return "% unknown" if v is None or pd.isna(v) or np.isinf(v) else f"{v:+.1f}%"
 
 
 # -- one run -------------------------------------------------------------------------------------

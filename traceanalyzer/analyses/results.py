@@ -165,7 +165,24 @@ def _short(name, limit: int = 80) -> str:
 
 
 def _ms(ns) -> str:
-    return "-" if ns is None or pd.isna(ns) else f"{ns / 1e6:.2f} ms"
+    return "unknown" if ns is None or pd.isna(ns) else f"{ns / 1e6:.2f} ms"
+
+
+def _na(v, unknown: str = "unknown") -> str:
+    """A value for text: never 'nan' or '<NA>'."""
+    return unknown if v is None or (not isinstance(v, str) and pd.isna(v)) else str(v)
+
+
+def _pct(v) -> str:
+    return "unknown %" if v is None or pd.isna(v) else f"{v:.1f}%"
+
+
+def _where(r) -> str:
+    """Where a straggler is slower: its phase, and the innermost named range holding the excess."""
+    out = f"{_na(r.phase)} phase, {_ms(r.phase_excess_ns_per_step)} per step slower than its peers"
+    if isinstance(r.annotation, str) and r.annotation:
+        return out + f", in the range {_short(r.annotation)} (+{_ms(r.annotation_excess_ns_per_step)})"
+    return out + ", named range unknown (no record_function range recorded in that phase)"
 
 
 def format_text(results: dict[str, pd.DataFrame], params: dict) -> str:
@@ -176,6 +193,10 @@ def format_text(results: dict[str, pd.DataFrame], params: dict) -> str:
     for run in runs:
         lines.append(f"== run '{run}'")
         sel = {k: v[v["run"] == run] for k, v in results.items()}
+        ph = sel.get("phases", pd.DataFrame())
+        if not ph.empty:  # the one denominator of every '% of the step' (docs/metrics.md: step_ms)
+            lines.append(f"median step {_ms(ph.groupby('step')['step_ns'].median().median())} (median over steps of "
+                         f"the median over ranks); every '% of the step' below is of it")
         if "stragglers" in sel:
             s = sel["stragglers"]
             if s.empty:
@@ -183,8 +204,8 @@ def format_text(results: dict[str, pd.DataFrame], params: dict) -> str:
                              f"while being >= {p['straggler_min_excess_pct']}% slower in a phase)")
             for r in s.itertuples():
                 lines.append(f"straggler #{r.rank_order}: rank {r.rank} costs its peers {_ms(r.delay_ns_per_step)} per step "
-                             f"({r.delay_pct:.1f}% of the step), {r.pattern} ({r.steps_flagged}/{r.steps} steps); "
-                             f"slower in {r.phase} by {_ms(r.phase_excess_ns_per_step)}")
+                             f"({_pct(r.delay_pct)} of the step), {r.pattern} ({r.steps_flagged}/{r.steps} steps); "
+                             f"where: {_where(r)}")
         if "imbalance" in sel:
             im = sel["imbalance"]
             found = im[im["is_finding"]]
@@ -228,8 +249,9 @@ def format_text(results: dict[str, pd.DataFrame], params: dict) -> str:
                          f"exposed {_ms(o['exposed_ns'].sum() / max(len(o), 1))} per rank in the window")
         if "exposed_comm" in sel and not sel["exposed_comm"].empty:
             for r in sel["exposed_comm"].head(3).itertuples():
-                lines.append(f"  exposed #{r.rank_order}: rank {r.rank} step {r.step}: {_ms(r.exposed_ns)} of {r.op} "
-                             f"(pg {r.pg}, seq {r.seq}, {r.bytes} bytes) after {_short(r.compute_before)}")
+                lines.append(f"  exposed #{r.rank_order}: rank {r.rank} step {_na(r.step)}: {_ms(r.exposed_ns)} of {r.op} "
+                             f"(pg {_na(r.pg)}, seq {_na(r.seq, 'unknown: p2p ops have none')}, {_na(r.bytes)} bytes) "
+                             f"after {_short(_na(r.compute_before))}")
         if "collectives" in sel and not sel["collectives"].empty:
             c = sel["collectives"]
             last = c["last_arriver"].value_counts()

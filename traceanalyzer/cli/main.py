@@ -2,6 +2,10 @@
 
 Errors are one line (which file, what is wrong, what to do) and a non-zero exit; ``--debug``
 shows the traceback.
+
+Exit codes (the same for every command): 0 done, nothing to flag; 1 done, and the run crosses what
+was asked to gate on (``report --fail-on``) or ``desync`` found a hang or desync; 2 an error (bad
+input, bad arguments, nothing written); 130 interrupted.
 """
 from __future__ import annotations
 
@@ -12,6 +16,9 @@ import traceback
 
 from .. import __version__
 from ..errors import TraceAnalyzerError
+
+#: Exit codes, documented in the module docstring and in ``traceanalyzer --help``.
+EXIT_OK, EXIT_FLAGGED, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 
 
 def _cmd_ingest(args) -> int:
@@ -29,7 +36,7 @@ def _cmd_desync(args) -> int:
         print(d.findings.to_json(orient="records", indent=1, default_handler=str))
     else:
         print(d.text())
-    return 0
+    return EXIT_OK if d.ok else EXIT_FLAGGED  # CI can gate on a hang
 
 
 def _cmd_info(args) -> int:
@@ -49,8 +56,8 @@ def _cmd_sql(args) -> int:
     con = connect(args.store)
     try:
         df = con.sql(args.query).df()
-    except duckdb.Error as exc:
-        raise TraceAnalyzerError(f"query failed: {str(exc).splitlines()[0]}") from None
+    except duckdb.Error as exc:  # DuckDB's whole message: its 'Did you mean "comms"?' is the useful part
+        raise TraceAnalyzerError("query failed: " + " ".join(x.strip() for x in str(exc).splitlines() if x.strip())) from None
     if args.csv:
         df.to_csv(sys.stdout, index=False)
     elif args.json:
@@ -59,6 +66,8 @@ def _cmd_sql(args) -> int:
         import pandas as pd
         with pd.option_context("display.max_rows", args.max_rows, "display.max_columns", None, "display.width", 200):
             print(df.to_string(index=False, max_rows=args.max_rows))
+        if len(df) > args.max_rows:
+            print(f"({len(df):,} rows, {args.max_rows:,} shown; --max-rows N shows more, --csv or --json all)")
     return 0
 
 
@@ -109,7 +118,7 @@ def _cmd_report(args) -> int:
     failed = rp.check({rr.run: rr.metrics for rr in rep.runs}, rules)
     if failed:
         print(f"traceanalyzer: fail-on: {'; '.join(failed)}", file=sys.stderr)
-        return 1
+        return EXIT_FLAGGED
     return 0
 
 
@@ -145,6 +154,7 @@ def _cmd_replay(args) -> int:
               f"P90 {100 * res.identity_error['p90']:.2f}% over {res.identity_error['n']} rank-steps")
     else:
         g = rp.build_graph(args.store, run=args.run)
+        _check_plan_targets(args.plan, plan, g)
         sim = rp.Simulator(g)
         res = rp.what_if(g, plan, sim=sim)
         run = g.run
@@ -158,21 +168,28 @@ def _cmd_replay(args) -> int:
     if not structural:
         bd = res.breakdown_delta().set_index("rank")
         cols = [c for c in bd.columns if c.endswith("_delta_ns")]
-        print("breakdown delta vs identity (ms per step; step_time = the rank's step):")
-        print((bd[cols] / 1e6).round(3).rename(columns=lambda c: c.replace("_delta_ns", "")).to_string())
+        delta = (bd[cols] / 1e6).rename(columns=lambda c: c.replace("_delta_ns", ""))
+        classes = [c for c in delta.columns if c != "step_time"]
+        # the classes count work; a rank whose peers got faster waits less, which no class holds: the
+        # rest of the step's change is that waiting (and lanes running at once), so the columns add up
+        delta.insert(len(classes), "waiting_other", delta["step_time"] - delta[classes].sum(axis=1))
+        print("breakdown delta vs identity (ms per step; the columns add up to step_time, the rank's step; "
+              "waiting_other = waiting for peers and work on parallel lanes):")
+        print(delta.round(3).to_string())
     if args.straggler_metrics:
         if structural:
             raise TraceAnalyzerError("--straggler-metrics goes with duration plans (idealize, scale), not with "
                                      f"'{plan['actions'][0]['action']}'")
         m = rp.straggler_metrics(g, sim=sim)
-        print(f"straggler what-if: T {m['T_ns'] / 1e6:.3f} ms, T_ideal {m['T_ideal_ns'] / 1e6:.3f} ms, "
-              f"S {m['S']:.3f}, waste {m['waste']:.3f}; S_w: " +
+        print(f"straggler what-if (docs/metrics.md): T {m['T_ns'] / 1e6:.3f} ms (replayed job step), T_ideal "
+              f"{m['T_ideal_ns'] / 1e6:.3f} ms (every rank idealised), S = T / T_ideal {m['S']:.3f} "
+              f"(slowdown {100 * (m['S'] - 1):.1f}%), waste {m['waste']:.3f}; S_w: " +
               ", ".join(f"rank {int(r.rank)} {r.S_w:.3f}" for r in m["per_rank"].itertuples()))
         print("S_t: " + ", ".join(f"{r.op_type} {r.S_t:.3f}" for r in m["per_op_type"].itertuples()))
         line = (f"idealising only the worst {len(m['top_ranks'])} rank(s) ({', '.join(map(str, m['top_ranks']))}) "
-                f"recovers {100 * m['top_ranks_recovered']:.0f}% of the slowdown")
+                f"recovers {_recovered(m['top_ranks_recovered'])} of the slowdown")
         if m["last_stage_ranks"]:
-            line += f"; only the last pipeline stage: {100 * m['last_stage_recovered']:.0f}%"
+            line += f"; only the last pipeline stage: {_recovered(m['last_stage_recovered'])}"
         print(line)
     if args.chrome_trace:
         import json
@@ -189,6 +206,40 @@ def _cmd_replay(args) -> int:
     return 0
 
 
+def _recovered(frac) -> str:
+    """A share of the slowdown, never above 100 % (the model can predict a little more than all of it)."""
+    if frac is None or frac != frac:
+        return "an unknown share (no slowdown to recover)"
+    if frac > 1.0:
+        return f"all ({100 * frac:.0f}% by the model: idealising these alone predicts a shorter step than idealising every rank)"
+    return f"{100 * max(frac, 0.0):.0f}%"
+
+
+def _check_plan_targets(path, plan: dict, g) -> None:
+    """A plan naming ranks the run does not have, or ops no operation of the run matches, would
+    replay the run unchanged (all deltas 0) and look like an answer: it is an error instead."""
+    import fnmatch
+
+    import numpy as np
+    have = sorted(int(r) for r in np.unique(g.rank[g.rank >= 0]))
+    for i, a in enumerate(plan["actions"]):
+        ranks = a.get("ranks", "all")
+        if ranks != "all" and ranks is not None:
+            missing = sorted(set(int(r) for r in ranks) - set(have))
+            if missing:
+                raise TraceAnalyzerError(f"{path}: action {i} ({a['action']}): rank(s) {', '.join(map(str, missing))} "
+                                         f"not in run '{g.run}' (ranks {have[0]}-{have[-1]})" if have else
+                                         f"{path}: run '{g.run}' has no ranks")
+        pats = a.get("ops")
+        if pats is not None:
+            pats = [pats] if isinstance(pats, str) else list(pats)
+            dead = [p for p in pats if not any(fnmatch.fnmatchcase(lbl, p) for lbl in g.labels)]
+            if dead:
+                raise TraceAnalyzerError(f"{path}: action {i} ({a['action']}): ops {', '.join(map(repr, dead))} match "
+                                         f"no operation of run '{g.run}' (ops are glob patterns over operator and "
+                                         f"kernel names, e.g. 'aten::mm', 'all_reduce*')")
+
+
 def _cmd_demo(args) -> int:
     from .demo import demo
     return demo(args.store, record=args.record)
@@ -200,7 +251,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     def full(name: str) -> bool:
         return command is None or command == name
 
-    p = argparse.ArgumentParser(prog="traceanalyzer", description="Trace-driven analysis of distributed training runs.")
+    p = argparse.ArgumentParser(prog="traceanalyzer", description="Trace-driven analysis of distributed training runs.",
+                                epilog="exit codes: 0 done; 1 done and flagged (report --fail-on crossed, desync found a "
+                                       "hang); 2 error (one line on stderr, nothing written); 130 interrupted")
     p.add_argument("--version", action="version", version=f"traceanalyzer {__version__}")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = p.add_subparsers(dest="command", required=True)
@@ -223,6 +276,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                                             "them, or one store")
     s.add_argument("--run", help="the run, when a store holds dumps of several")
     s.add_argument("--json", action="store_true", help="print the findings as JSON records")
+    s.epilog = "exit code 1 when a hang or desync is found (0: none), 2 on bad input"
     s.set_defaults(func=_cmd_desync)
 
     s = sub.add_parser("info", help="summarise a store: runs, ranks, steps, events, collectives, time span")
@@ -262,11 +316,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.set_defaults(func=_cmd_schema)
 
     s = sub.add_parser("report", help="a report of the findings ranked by recoverable time, with figures "
-                                      "(self-contained HTML, Markdown or JSON)")
+                                      "(self-contained HTML, Markdown, JSON or PDF)")
     s.add_argument("store")
     s.add_argument("--run", help="only this run (default: every run of the store)")
     s.add_argument("-o", "--output", help="output file (default: report.<format>)")
-    s.add_argument("--format", choices=("html", "md", "json"), help="default: from the output's extension, else html")
+    s.add_argument("--format", choices=("html", "md", "json", "pdf"),
+                   help="default: from the output's extension (.html, .md, .json, .pdf; another one is an error), "
+                        "html without one")
     s.add_argument("--no-replay", action="store_true",
                    help="value rank findings by the analyses' estimates only (no what-if replay)")
     s.add_argument("--replay-max-events", type=int, default=REPLAY_MAX_EVENTS, metavar="N",
@@ -356,10 +412,10 @@ def main(argv=None) -> int:
             if tb:
                 print(tb, file=sys.stderr)
         print(f"traceanalyzer: error: {exc}", file=sys.stderr)
-        return 2
+        return EXIT_ERROR
     except KeyboardInterrupt:
         print("traceanalyzer: interrupted; the store is unchanged", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         return 0
 

@@ -3,7 +3,7 @@
     from traceanalyzer import report
     rep = report.build_report("store", run="ddp4")        # reads what `analyze` saved (runs it if missing)
     rep.runs[0].findings[0].title                          # 'Straggler: rank 2'
-    report.write_report(rep, "report.html")                # or .md / .json
+    report.write_report(rep, "report.html")                # or .md / .json / .pdf
 
 Modules, in the order the data flows: ``load`` (saved results of a run) -> ``findings`` (ranked by
 recoverable time) and ``shape``/``metrics`` (summary numbers, ``--fail-on``) -> ``figures``
@@ -22,17 +22,24 @@ from .jsondoc import report_dict, to_json
 from .markdown import render_markdown
 from .metrics import METRICS, Threshold, check, parse_fail_on
 
-FORMATS = ("html", "md", "json")
+FORMATS = ("html", "md", "json", "pdf")
+_EXTENSIONS = {"html": "html", "htm": "html", "md": "md", "markdown": "md", "json": "json", "pdf": "pdf"}
 
 
 def format_for(path: str | os.PathLike, fmt: str | None = None) -> str:
-    """The output format: ``fmt`` if given, else from the file extension (default html)."""
+    """The output format: ``fmt`` if given, else from the file extension (html without one). An
+    extension that names no format the report writes is an error, never HTML under another name."""
     if fmt:
         if fmt not in FORMATS:
             raise TraceAnalyzerError(f"unknown report format {fmt!r}; choose one of {', '.join(FORMATS)}")
         return fmt
     ext = Path(path).suffix.lower().lstrip(".")
-    return {"htm": "html", "markdown": "md"}.get(ext, ext) if ext in ("html", "htm", "md", "markdown", "json") else "html"
+    if not ext:
+        return "html"
+    if ext not in _EXTENSIONS:
+        raise TraceAnalyzerError(f"{path}: the report cannot be written as .{ext}; use .html, .md, .json or .pdf "
+                                 f"(or --format)")
+    return _EXTENSIONS[ext]
 
 
 def write_report(report: Report, path: str | os.PathLike, fmt: str | None = None) -> Path:
@@ -40,10 +47,14 @@ def write_report(report: Report, path: str | os.PathLike, fmt: str | None = None
     path = Path(path)
     fmt = format_for(path, fmt)
     text = {"html": lambda: render_html(report), "json": lambda: to_json(report),
-            "md": lambda: render_markdown(report, path)}[fmt]()
+            "md": lambda: render_markdown(report, path), "pdf": None}[fmt]
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
+    if fmt == "pdf":
+        from .pdf import write_pdf
+        write_pdf(report, tmp)
+    else:
+        tmp.write_text(text(), encoding="utf-8")
     os.replace(tmp, path)
     return path
 

@@ -84,23 +84,55 @@ def _heat(ax, grid: pd.DataFrame, title: str, fig):
                         color="white" if hi > lo and (v - lo) / (hi - lo) > 0.5 else "black")
 
 
+def imposed_wait_grid(data: RunData) -> pd.DataFrame:
+    """rank x step: the waits a rank imposed on its peers (summed over them) at the collectives of
+    the step where it arrived last, ns; 0 where it was never last. Empty without collectives."""
+    c = data.r("collectives")
+    ph = data.r("phases")
+    if c.empty or ph.empty:
+        return pd.DataFrame()
+    c = c[c["step"].notna() & c["last_arriver"].notna() & (c["n_ranks"] > 1)]
+    if c.empty:
+        return pd.DataFrame()
+    grid = c.pivot_table(index="last_arriver", columns="step", values="total_wait_ns", aggfunc="sum")
+    ranks, steps = sorted(ph["rank"].unique()), sorted(ph["step"].unique())
+    grid = grid.reindex(index=ranks, columns=steps).fillna(0.0)
+    grid.index.name, grid.columns.name = "rank", "step"
+    return grid
+
+
 def fig_step_heatmap(data: RunData) -> Figure | None:
+    """Synchronous data parallelism (collectives, no pipeline) makes every rank's step time equal:
+    a slow rank is not a hot row of step time, it is a hot row of the wait it imposes on its peers,
+    so that is what the left panel shows there. Without collectives (or on a pipeline, where the
+    stages' step times also line up) it shows step time, and the caption says what that can tell."""
     ph = data.r("phases")
     if ph.empty:
         return None
     tb = data.r("temporal_breakdown")
     tb = tb[tb["step"].notna()] if not tb.empty else tb
+    waits = imposed_wait_grid(data) if data.r("pipeline_shape").empty else pd.DataFrame()
     with plt.rc_context(_RC):
         fig, axes = plt.subplots(1, 2 if not tb.empty else 1, figsize=(10, _height(ph["rank"].nunique(), 0.35, 2.2)),
                                  squeeze=False)
-        _heat(axes[0][0], ph.pivot_table(index="rank", columns="step", values="step_ns"), "step time (ms)", fig)
+        if not waits.empty:
+            _heat(axes[0][0], waits, "wait imposed on peers (ms)", fig)
+        else:
+            _heat(axes[0][0], ph.pivot_table(index="rank", columns="step", values="step_ns"), "step time (ms)", fig)
         if not tb.empty:
             _heat(axes[0][1], tb.pivot_table(index="rank", columns="step", values="compute_ns"), "compute time (ms)", fig)
         fig.tight_layout()
         png = _png(fig)
+    right = (" Right: compute per rank and step; a rank hot in both did more work (imbalance), a rank hot only on the "
+             "left was delayed outside compute (its host, a sleep, contention).") if not tb.empty else ""
+    if not waits.empty:
+        return Figure("step_heatmap", "Wait each rank imposed on its peers, and compute, per rank and step",
+                      "Left: per step, the time the other ranks sat in collectives waiting for this rank (summed over "
+                      "them, at the collectives it reached last). Synchronous data parallelism gives every rank the "
+                      "same step time, so a slow rank shows up here, not as a longer step." + right, png)
     return Figure("step_heatmap", "Step time and compute time per rank and step",
-                  "One hot row is a slow rank; a hot row in compute too means it had more work (imbalance); "
-                  "a hot row in step time only means it waited or was delayed outside compute.", png)
+                  "Left: step time per rank and step (ranks that synchronise every step have about equal step times, "
+                  "so a slow rank need not stand out here; see the findings)." + right, png)
 
 
 def fig_arrival_skew(data: RunData) -> Figure | None:
@@ -200,6 +232,8 @@ def fig_overlap_bars(data: RunData) -> Figure | None:
 
 
 def fig_imbalance(data: RunData) -> Figure | None:
+    """Compute per rank; only ranks the imbalance analysis flags get their ratio written above the
+    box, so the figure never labels a rank beside "No imbalance found"."""
     tb = data.r("temporal_breakdown")
     tb = tb[tb["step"].notna()] if not tb.empty else tb
     if tb.empty or tb["rank"].nunique() < 2:
@@ -207,25 +241,34 @@ def fig_imbalance(data: RunData) -> Figure | None:
     ranks = sorted(int(r) for r in tb["rank"].unique())
     vals = [tb.loc[tb["rank"] == r, "compute_ns"].to_numpy(dtype=float) / 1e6 for r in ranks]
     mean = tb.groupby("step")["compute_ns"].mean().median() / 1e6
-    im = data.r("imbalance").set_index("rank") if not data.r("imbalance").empty else None
+    im = data.r("imbalance")
+    flagged = im[im["is_finding"].fillna(False).astype(bool)].set_index("rank") if not im.empty else pd.DataFrame()
     with plt.rc_context(_RC):
         fig, ax = plt.subplots(figsize=(9, 3))
         ax.boxplot(vals, showmeans=True)
         ax.set_xticks(range(1, len(ranks) + 1), [str(r) for r in ranks])
         ax.axhline(mean, color=COLORS["exposed comm"], linestyle="--", linewidth=1, label="mean of the ranks (median step)")
-        if im is not None:
-            for i, r in enumerate(ranks, start=1):
-                if r in im.index and pd.notna(im.loc[r, "ratio_to_mean"]):
-                    ax.annotate(f"{im.loc[r, 'ratio_to_mean']:.2f}x", (i, np.nanmax(vals[i - 1])), ha="center",
-                                xytext=(0, 4), textcoords="offset points", fontsize=7)
+        for i, r in enumerate(ranks, start=1):
+            if r in flagged.index and pd.notna(flagged.loc[r, "ratio_to_mean"]):
+                ax.annotate(f"{flagged.loc[r, 'ratio_to_mean']:.2f}x: imbalanced", (i, np.nanmax(vals[i - 1])), ha="center",
+                            xytext=(0, 4), textcoords="offset points", fontsize=7, color=COLORS["exposed comm"])
         ax.set_xlabel("rank")
         ax.set_ylabel("compute per step (ms)")
-        ax.set_title("imbalance: compute per step and rank (ratio to the mean above each box)")
+        ax.set_title("compute per step and rank" + (" (flagged ranks labelled with their ratio to the mean)"
+                                                    if not flagged.empty else ""))
         ax.legend(fontsize=7)
         fig.tight_layout()
         png = _png(fig)
-    return Figure("imbalance", "Imbalance: distribution of compute per rank",
-                  "Each box is one rank's compute over the steps; a box above the line does more work than the others.", png)
+    p = data.params
+    rule = (f"at least {p.get('imbalance_min_ratio', 1.1):g}x the mean with an excess of at least "
+            f"{p.get('imbalance_min_excess_pct', 5.0):g}% of the step")
+    if flagged.empty:
+        cap = (f"Each box is one rank's compute over the steps. No rank is imbalanced ({rule}): the spread shown "
+               f"is below the thresholds.")
+    else:
+        cap = (f"Each box is one rank's compute over the steps; the labelled rank(s) compute {rule} "
+               f"(ratio to the mean above the box).")
+    return Figure("imbalance", "Imbalance: distribution of compute per rank", cap, png)
 
 
 def fig_top_ops(data: RunData) -> Figure | None:

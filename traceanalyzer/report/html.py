@@ -19,6 +19,7 @@ from .build import Report, RunReport
 from .findings import ms
 from .metrics import METRICS
 from .whatif import replay_note
+from .where import denominator
 
 _SCRIPT = """
 window.addEventListener('load', function () {
@@ -113,6 +114,11 @@ def _summary(rr: RunReport) -> str:
     return out
 
 
+def _step_ns(rr: RunReport):
+    step_ms = rr.metrics.get("step_ms")
+    return None if step_ms is None else step_ms * 1e6
+
+
 def _findings(rr: RunReport) -> str:
     caveats = ("<div class=\"caveats\"><h3>Caveats</h3><ul>" + "".join(f"<li>{esc(c)}</li>" for c in rr.caveats)
                + "</ul></div>") if rr.caveats else ""
@@ -124,11 +130,13 @@ def _findings_only(rr: RunReport) -> str:
         out = "<div class=\"none\"><h3>No findings</h3><p>Nothing in this run costs a step enough to report.</p></div>"
     else:
         note = replay_note(rr.replay)
-        out = f"<p class=\"meta replay\" data-replay=\"{esc(rr.replay.status)}\">{esc(note)}</p>" if note else ""
+        out = f"<p class=\"meta denominator\">{esc(denominator(_step_ns(rr)))}</p>"
+        out += f"<p class=\"meta replay\" data-replay=\"{esc(rr.replay.status)}\">{esc(note)}</p>" if note else ""
         for i, f in enumerate(rr.findings, start=1):
             out += (f"<div class=\"finding\" id=\"finding-{esc(rr.run)}-{i}\" data-kind=\"{esc(f.kind)}\">"
                     f"<h3>#{i} {esc(f.title)}: <span class=\"recoverable\">{esc(ms(f.recoverable_ns_per_step))} per step "
                     f"({esc(_fmt(f.recoverable_pct))}% of the step) recoverable</span></h3>"
+                    f"<p class=\"where\"><b>Where:</b> {esc(f.where_text or 'unknown')}</p>"
                     f"<p>{esc(f.summary)}.</p><ul>" + "".join(f"<li>{esc(e)}</li>" for e in f.evidence) + "</ul>")
             if f.evidence_rows:
                 keys = list(f.evidence_rows[0])

@@ -13,6 +13,7 @@ from .build import Report, RunReport
 from .findings import ms
 from .metrics import METRICS
 from .whatif import replay_note
+from .where import denominator
 
 _MD_SPECIAL = re.compile(r"([\\`*_\[\]|#])")
 
@@ -36,7 +37,7 @@ def _run(rr: RunReport, fig_dir: Path | None, fig_rel: str) -> list[str]:
     s = rr.shape
     out = [f"## Run {md(rr.run)}", "",
            f"{len(s['ranks'])} ranks, backend {md(s['backend'])}, {len(s['steps'])} steps, median step "
-           + (f"{rr.metrics['step_ms']:.2f} ms." if rr.metrics.get("step_ms") is not None else "n/a."), ""]
+           f"{ms(None if rr.metrics.get('step_ms') is None else rr.metrics['step_ms'] * 1e6)}.", ""]
     if not s["steps"]:
         out += ["No step ranges in the trace (ProfilerStep#N, or NVTX `step N` ranges in an nsys export): "
                 "per-step analyses (stragglers, phases, imbalance, what-if replay) cannot run.", ""]
@@ -44,7 +45,7 @@ def _run(rr: RunReport, fig_dir: Path | None, fig_rel: str) -> list[str]:
         p = s["pipeline"]
         out += [f"Pipeline: {p['stages']} stages x {p['stages_per_rank']}, {p['microbatches']:g} micro-batches, "
                 f"{md(p['schedule'])}; bubble theoretical {p['theoretical_bubble_pct']:.1f}%, measured "
-                f"{p['measured_bubble_pct'] or 0:.1f}%.", ""]
+                + (f"{p['measured_bubble_pct']:.1f}%." if p['measured_bubble_pct'] is not None else "unknown."), ""]
         if len(p.get("pipelines") or {}) > 1:
             out += [f"{len(p['pipelines'])} pipelines (PP x DP): " + "; ".join(
                 f"pipeline {pid}: ranks {', '.join(str(v) for _, v in sorted(st.items()))} (stage order)"
@@ -55,13 +56,17 @@ def _run(rr: RunReport, fig_dir: Path | None, fig_rel: str) -> list[str]:
     if rr.caveats:
         out += ["**Caveats:**", ""] + [f"- {md(c)}" for c in rr.caveats] + [""]
     out += ["### Findings, ranked by recoverable time per step", ""]
+    step_ms = rr.metrics.get("step_ms")
+    if rr.findings:
+        out += [md(denominator(None if step_ms is None else step_ms * 1e6)), ""]
     if replay_note(rr.replay):
         out += [md(replay_note(rr.replay)), ""]
     if not rr.findings:
         out += ["No findings.", ""]
     for i, f in enumerate(rr.findings, start=1):
         out += [f"**#{i} {md(f.title)}**: {ms(f.recoverable_ns_per_step)} per step ({f.recoverable_pct:.1f}% of the step) "
-                f"recoverable. {md(f.summary)}.", ""] + [f"- {md(e)}" for e in f.evidence] + [""]
+                f"recoverable. {md(f.summary)}.", "", f"Where: {md(f.where_text or 'unknown')}.", ""] + \
+            [f"- {md(e)}" for e in f.evidence] + [""]
         if f.evidence_rows:
             keys = list(f.evidence_rows[0])
             out += _table(keys, [[r[k] for k in keys] for r in f.evidence_rows])

@@ -1,7 +1,7 @@
 """Headline numbers of a run, and ``--fail-on`` thresholds over them (for CI).
 
 Each metric is one number per run, defined here once (the JSON report carries them under
-``metrics``). A metric that does not apply to a run (``bubble_pct`` without a pipeline) is None, and
+``metrics``; docs/metrics.md defines every number of every output beside them). A metric that does not apply to a run (``bubble_pct`` without a pipeline) is None, and
 a threshold on it never fails.
 """
 from __future__ import annotations
@@ -23,8 +23,9 @@ _MAX_SLOWDOWN_PCT = 10_000.0
 #: name -> meaning (the help of --fail-on, and the JSON report's documentation).
 METRICS = {
     "step_ms": "median step time (median over steps of the median over ranks), ms",
-    "slowdown_pct": "what-if slowdown from slow ranks (stragglers, imbalance, slow stages): 100 x (S - 1) with "
-                    "S = T / (T - their recoverable time per step), T the median step",
+    "slowdown_pct": "how much longer the median step is than without the rank findings (stragglers, imbalance, slow "
+                    "stages): 100 x W / (median step - W), W their recoverable time per step summed (not the replay's "
+                    "S = T / T_ideal; see docs/metrics.md)",
     "straggler_pct": "largest recoverable time of a finding that involves a straggler, % of the step (0: none)",
     "imbalance_pct": "largest recoverable time of a finding that involves an imbalanced rank, % of the step (0: none)",
     "slow_stage_pct": "largest recoverable time of a slow pipeline stage finding, % of the step (0: none; "

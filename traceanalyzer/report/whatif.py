@@ -122,7 +122,7 @@ def apply_replay(store, data: RunData, findings: list[Finding], max_events: int 
         saving = ident_ns - pred_ns
         f.replay = {"status": "ok", "plan": plan, "ranks": ranks, "identity_step_ns": ident_ns,
                     "predicted_step_ns": pred_ns, "saving_ns_per_step": saving,
-                    "saving_pct": 100.0 * saving / ident_ns if ident_ns else None, "identity_error": err}
+                    "saving_pct": pct_of(saving, step_ns), "identity_error": err}   # % of the median step
         f.estimate_ns_per_step = f.recoverable_ns_per_step
         f.recoverable_ns_per_step = max(saving, 0.0)
         f.recoverable_pct = pct_of(f.recoverable_ns_per_step, step_ns)
@@ -143,10 +143,11 @@ def replay_sentence(f: Finding) -> str:
                if "median" in err and "p90" in err else "")
     s = r["saving_ns_per_step"]
     if s > 0:
-        head = f"replay: idealising {who} would cut the step by {ms(s)} ({r['saving_pct']:.1f} %)"
+        head = f"replay: idealising {who} would cut the step by {ms(s)} ({r['saving_pct']:.1f}% of the median step)"
     else:
-        head = f"replay: idealising {who} would not shorten the step ({ms(-s)} longer, {-r['saving_pct']:.1f} %)"
-    return (head + f": {ms(r['identity_step_ns'])} → {ms(r['predicted_step_ns'])}" + err_txt
+        head = f"replay: idealising {who} would not shorten the step ({ms(-s)} longer)"
+    return (head + f"; replayed job step (slowest rank, mean over steps) {ms(r['identity_step_ns'])} → "
+            f"{ms(r['predicted_step_ns'])}" + err_txt
             + (f"; the analyses' estimate was {ms(f.estimate_ns_per_step)}" if f.estimate_ns_per_step is not None else ""))
 
 

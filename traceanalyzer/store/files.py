@@ -84,7 +84,31 @@ def write_manifest(store: Path, manifest: Manifest) -> None:
     os.replace(tmp, store / MANIFEST)  # the commit point
 
 
+def _is_trace_name(p: Path) -> bool:
+    """A Kineto trace or a Flight Recorder dump, by its name (what ingest looks for)."""
+    return p.name.endswith((".trace.json", ".json.gz", ".fr.json", ".fr.pkl")) or p.name.startswith("nccl_trace_rank_")
+
+
+def not_a_store(store: Path) -> str:
+    """Why ``store`` is not a store, naming what the path is (a file, a trace folder, ...) and what to do."""
+    if store.is_file():
+        what = "a trace file" if _is_trace_name(store) else "a file"
+        return (f"{store}: this is {what}, not a store (a store is a folder with {MANIFEST}); "
+                + (f"ingest it first: `traceanalyzer ingest {store} --store STORE_FOLDER`" if _is_trace_name(store)
+                   else "give the store folder that `traceanalyzer ingest ... --store FOLDER` created"))
+    if store.is_dir():
+        traces = next((p for p in store.rglob("*") if p.is_file() and _is_trace_name(p)), None)
+        if traces is not None:
+            return (f"{store}: this is a trace folder (e.g. {traces.name}), not a store (no {MANIFEST}); ingest it "
+                    f"first: `traceanalyzer ingest {store} --store STORE_FOLDER`, then use STORE_FOLDER")
+        return (f"{store}: this folder is not a store (no {MANIFEST}); create one with "
+                f"`traceanalyzer ingest TRACES --store {store}`")
+    return f"{store}: no such store folder; create one with `traceanalyzer ingest TRACES --store {store}`"
+
+
 def check_writable(store: Path) -> None:
+    if store.exists() and not store.is_dir():
+        raise StoreError(f"{store}: this is a file, not a folder; the store is a folder: choose another --store path")
     try:
         store.mkdir(parents=True, exist_ok=True)
         probe = store / f".write-test-{uuid.uuid4().hex}"
@@ -180,8 +204,7 @@ def open_store(store: str | os.PathLike, read_only_db: str | None = None):
     import duckdb  # imported here: ingest workers never need it
     store = Path(store)
     if not (store / MANIFEST).exists():
-        raise StoreError(f"{store}: no traceanalyzer store here (missing {MANIFEST}); create one with "
-                         f"`traceanalyzer ingest TRACES --store {store}`")
+        raise StoreError(not_a_store(store))
     manifest = read_manifest(store)
     con = duckdb.connect(read_only_db or ":memory:")
     for name, table in S.TABLES.items():
