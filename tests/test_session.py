@@ -26,6 +26,10 @@ def test_one_object_does_what_a_notebook_needs(store, tmp_path):
     assert rel.filter("rank = 2").aggregate("count(*)").fetchall()[0][0] == 1
     assert s.execute("SELECT count(DISTINCT rank) FROM comms").fetchone()[0] == 4      # the connection's own
     assert set(s.analyses()) >= {"stragglers", "overlap", "critical_path"}
+    per_step = s.analysis("straggler_steps", run="ddp4_slow2")   # any view an SQL module defines
+    assert per_step.groupby("rank")["delay_ns"].median().idxmax() == 2
+    m = s.straggler_metrics()
+    assert m["S"] > 1.1 and int(m["per_rank"].sort_values("S_w").iloc[-1]["rank"]) == 2
     res = s.replay({"actions": [{"action": "idealize", "ranks": [2]}]})
     assert res.job_step_ns() < res.job_step_ns("measured_ns")    # removing the straggler's delay helps
     s.analyze()

@@ -53,8 +53,16 @@ class Session:
 
     def analysis(self, name: str, run: str | None = None, as_relation: bool = False, **params):
         """The result of analysis ``name`` (computed in SQL with ``params``; defaults for the rest)
-        as a DataFrame, or as a lazy DuckDB relation with ``as_relation``."""
-        from .analyses.results import compute, query
+        as a DataFrame, or as a lazy DuckDB relation with ``as_relation``. ``name`` is one of
+        :meth:`analyses` (the saved results) or any view an SQL module defines (``straggler_steps``,
+        ``pipeline_stall_causes``, ...: ``traceanalyzer/analyses/sql/``)."""
+        from .analyses import modules, prepare
+        from .analyses.results import ALL, compute, query
+        if name not in ALL and name in modules.owner():
+            prepare(self.con, views=[name], **params)
+            where = "" if run is None else " WHERE run = $run"
+            rel = self.con.sql(f"SELECT * FROM {name}{where}", params={"run": run} if run is not None else None)
+            return rel if as_relation else rel.df()
         if as_relation:
             return query(self.con, name, run, **params)
         return compute(self.con, run=run, only=[name], **params)[name]
@@ -81,6 +89,23 @@ class Session:
         ``.identity_error`` and ``.job_step_ns()``."""
         from .replay import run_plan
         return run_plan(self.con, plan, run=run)
+
+    def graph(self, run: str | None = None):
+        """The replay's dependency graph of ``run`` (:class:`~traceanalyzer.replay.graph.Graph`), for
+        :func:`traceanalyzer.replay.what_if`, ``identity`` and ``straggler_metrics``."""
+        from .replay import build_graph
+        return build_graph(self.con, run=run)
+
+    def straggler_metrics(self, run: str | None = None) -> dict:
+        """The OSDI'25 what-if metrics of ``run``: T, T_ideal, S, waste, S_w per rank, S_t per op type."""
+        from .replay import straggler_metrics
+        return straggler_metrics(self.graph(run))
+
+    def diff(self, run_a: str, run_b: str, other: str | os.PathLike | None = None):
+        """What changed from ``run_a`` to ``run_b`` (of ``other``, another store, when given), ranked
+        by impact on the step (:class:`~traceanalyzer.analyses.diff.Diff`: ``.text()``, ``.to_json()``)."""
+        from .analyses.diff import diff_runs
+        return diff_runs(self.path, other, run_a=run_a, run_b=run_b)
 
     def report(self, path: str | os.PathLike | None = None, run: str | None = None, replay: bool = True,
                fmt: str | None = None):
