@@ -553,12 +553,15 @@ class _Builder:
         cm["tail"] = (cm["end_ts_ns"] - first_end).clip(lower=0)
         # where the execution runs: on the issuing CPU thread (gloo p2p), else a runloop thread / GPU stream
         cm["on_gpu"] = cm["on_gpu"].fillna(False).astype(bool)
-        cm["exec_on_cpu_lane"] = ~cm["on_gpu"] & (cm["exec_tid"] == cm["enqueue_tid"])
+        # an execution whose enqueue is not in the trace (NULL enqueue_tid) runs on a runloop thread
+        cm["exec_on_cpu_lane"] = (~cm["on_gpu"] & (cm["exec_tid"] == cm["enqueue_tid"])).fillna(False).astype(bool)
 
     # -- CPU lanes -----------------------------------------------------------------------------
     def _cpu_cut_points(self):
         cm = self.cm
-        is_q = (~cm["exec_on_cpu_lane"] & ~cm["on_gpu"]).to_numpy(bool)
+        # queued on a runloop thread by an enqueue of this trace (an execution whose enqueue lies outside
+        # the trace, e.g. the second all_reduce of a gloo list reduce_scatter, has nothing to cut)
+        is_q = (~cm["exec_on_cpu_lane"] & ~cm["on_gpu"] & cm["enqueue_ts_ns"].notna()).to_numpy(bool)
         self.runloop = set(map(tuple, cm.loc[is_q, ["rank", "exec_tid"]].drop_duplicates().to_numpy()))
         rl_thr = self.thr_codes([r for r, _ in self.runloop], [t for _, t in self.runloop])
         self.rl_thr = rl_thr[rl_thr >= 0]
@@ -715,7 +718,9 @@ class _Builder:
     def _make_queue_lanes(self):
         cm = self.cm
         lane_id = self.next_lane
-        comm_exec = cm[~cm["exec_on_cpu_lane"]]
+        # an execution on a runloop thread whose enqueue is not in the trace gets no node (as the reference
+        # builder, tests/reference/replay_graph_v1.py): it keeps its instance, its span stays a gap
+        comm_exec = cm[~cm["exec_on_cpu_lane"] & (cm["on_gpu"] | cm["enqueue_tid"].notna())]
         ce_on_gpu = comm_exec["on_gpu"].to_numpy(bool)
         # GPU ops that are collectives become ARRIVE/POST below, not kernels
         gpu_ev = np.flatnonzero(self.e_gpu)
