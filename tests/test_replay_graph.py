@@ -15,7 +15,8 @@ import pandas as pd
 import pytest
 from conftest import EXTERNAL, ingest_runs
 
-RUNS = ["ddp_gloo_4rank", "ddp_gloo_cuda_2rank_slow1", "pp_1f1b_2rank_m4"]
+#: coll_gloo_2rank: every gloo collective once, incl. executions whose enqueue lies outside the trace
+RUNS = ["ddp_gloo_4rank", "ddp_gloo_cuda_2rank_slow1", "pp_1f1b_2rank_m4", "coll_gloo_2rank"]
 
 
 @pytest.fixture(scope="module")
