@@ -62,6 +62,10 @@ VOCABULARY = {
 _COLLECTIVE_SUFFIX = {"-all-reduce": "all_reduce", "-reduce-scatter": "reduce_scatter", "-all-gather": "all_gather",
                       "-all-to-all": "all_to_all"}
 UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+#: unit inference: epoch start values lie in [10^k, EPOCH_SPAN x 10^k) of their unit (2001-2100)
+#: and no op may last longer than MAX_OP_NS in the unit chosen
+EPOCH_SPAN = 4.1
+MAX_OP_NS = 3600 * 1_000_000_000
 #: seq of a collective = step * SEQ_STRIDE + its sequence id within (rank, step, op)
 SEQ_STRIDE = 100_000
 #: every op of a rank is on one CPU thread (the training loop that timed it)
@@ -164,7 +168,6 @@ def load(path, column_map: dict | None = None) -> list:
     unknown = Counter(o for o in set(ops) if _class(o) == "compute" and o not in VOCABULARY)
     n_unknown = sum(1 for o in ops if o in unknown)
     if n_unknown:
-        skipped["op_timeline.unknown_op_types_kept_as_compute"] = n_unknown
         log.info("%s: %d op(s) of %d unknown type(s) kept as compute: %s", path, n_unknown, len(unknown),
                  ", ".join(sorted(unknown)[:8]))
     log.info("%s: op timeline times in %s (%s)", path, unit, unit_source)
@@ -182,8 +185,12 @@ def load(path, column_map: dict | None = None) -> list:
     bounds = np.searchsorted(rank[order], np.arange(world + 1))
     for r in ranks:
         idx = order[bounds[r]:bounds[r + 1]]
+        mine: Counter = Counter(skipped)  # per rank: the ingest summary adds them up
+        n_unk = sum(1 for i in idx if ops[i] in unknown)
+        if n_unk:
+            mine["op_timeline.unknown_op_types_kept_as_compute"] = n_unk
         out.append(RankTables(r, SOURCE, *_rank_tables(path, r, idx, grid, ops, step, ts, dur, mb, seq, coords,
-                                                       world, meta, skipped), skipped=Counter(skipped)))
+                                                       world, meta, mine), skipped=mine))
     return out
 
 
@@ -200,9 +207,13 @@ def _unit(path, t, cols, given) -> tuple[int, str, str]:
     if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
         raise TraceInputError(path, f"op timeline column {cols['start']!r} must be numbers ({col.type})")
     top = float(np.nanmax(np.abs(col.to_numpy().astype(np.float64)))) if len(col) else 0.0
-    # epoch times since 2001 in each unit; relative times: integers are ns, fractions seconds
+    dcol = t.column(cols["duration"])
+    longest = float(np.nanmax(dcol.to_numpy().astype(np.float64))) if len(dcol) and (
+        pa.types.is_integer(dcol.type) or pa.types.is_floating(dcol.type)) else 0.0
+    # epoch times (2001-2100) in a unit under which no op lasts more than MAX_OP_NS; a monotonic
+    # clock in ns can look like epoch ms (3.8e12 after an hour of uptime): its ops would last hours
     for unit, lo in (("ns", 1e18), ("us", 1e15), ("ms", 1e12), ("s", 1e9)):
-        if top >= lo:
+        if lo <= top < EPOCH_SPAN * lo and longest * UNITS[unit] <= MAX_OP_NS:
             return UNITS[unit], unit, f"inferred: start values look like epoch {unit}"
     if pa.types.is_floating(col.type):
         return UNITS["s"], "s", "inferred: fractional start values taken as seconds"
