@@ -64,3 +64,24 @@ def test_unrecognised_file_one_line_no_store_left(run_cli, tmp_path):
         assert str(bad) in lines[0] and "not a recognised input" in lines[0] and seen in lines[0], lines[0]
         assert "expected a Kineto trace" in lines[0] and "op timeline" in lines[0]
         assert not store.exists()  # a failed ingest leaves no new folder
+
+
+def test_pickled_fr_dumps_under_launcher_names_in_a_folder(run_cli, tmp_path):
+    """torch's own FR dumps are pickles; a launcher names them fr_rank_{R}. Another pickle in the
+    folder is not ours and is left alone (checked through the restricted unpickler only)."""
+    import json
+    import pickle
+    folder = tmp_path / "dumps"
+    folder.mkdir()
+    for r in range(3):
+        doc = json.loads((DESYNC / f"rank{r}.fr.json").read_text())
+        (folder / f"fr_rank_{r}").write_bytes(pickle.dumps(doc, protocol=4))
+    (folder / "optimizer_state.pkl").write_bytes(pickle.dumps({"lr": 0.1, "step": 7}, protocol=4))
+    assert sniff(folder / "fr_rank_1")[0] == "flight_recorder"
+    d = desync.diagnose([folder])
+    assert "HANG: not all ranks joined: group 0 (default_pg), collective #7" in d.text()
+    code, out, err = run_cli("ingest", folder, "--store", tmp_path / "s", "--quiet")
+    assert code == 0, err
+    assert "3 Flight Recorder dump(s) (20 entries)" in out
+    formats = ta.open(tmp_path / "s").execute("SELECT DISTINCT source_format FROM fr_dumps").fetchall()
+    assert formats == [("pickle",)]

@@ -1,7 +1,9 @@
 """Per-process inputs beside the traces ("sidecars"): find them, parse them, commit them.
 
-What ingest accepts besides Kineto traces, and how each is recognised (folders are searched
-recursively; a file named on the command line is classified the same way):
+What ingest accepts besides Kineto traces. A file named on the command line is classified by its
+content (:mod:`traceanalyzer.ingest.sniff`; the names below only when the content cannot tell);
+in folders (searched recursively) these names are taken, and other files are sniffed (an FR dump
+named ``fr_rank_{R}``, JSON or pickle, is found so):
 
 | kind | files | table(s) |
 |---|---|---|
@@ -61,7 +63,7 @@ def classify(paths: list[Path], nccl_logs: list[Path] = (), column_map: dict | N
     (:func:`traceanalyzer.ingest.sniff.sniff`; its name only when the content cannot tell), and one
     that is nothing we read is refused in one line; in folders, files with a known name are taken
     as before and the others are sniffed (kept only when recognised)."""
-    from .sniff import EXPECTED, SIDECAR_KINDS, kind_by_name, sniff
+    from .sniff import EXPECTED, SIDECAR_KINDS, head_is_pickle, is_fr_pickle, kind_by_name, sniff
     traces, side = [], []
     for p in nccl_logs:
         if not p.is_file():
@@ -79,6 +81,8 @@ def classify(paths: list[Path], nccl_logs: list[Path] = (), column_map: dict | N
                     side.append(Sidecar(kind, f))
                 elif not _found_by_name(f):
                     kind = sniff(f, column_map)[0]
+                    if kind == "flight_recorder" and head_is_pickle(f) and not is_fr_pickle(f):
+                        kind = None  # some other pickle in the folder: not ours to read
                     if kind in SIDECAR_KINDS:
                         side.append(Sidecar(kind, f))
                     elif kind in ("kineto", "op_timeline"):

@@ -75,6 +75,33 @@ def sniff(path: str | Path, column_map: dict | None = None) -> tuple[str | None,
     return None, _describe(head, text)
 
 
+#: A pickle found in a folder (not named like an FR dump) is opened, through the restricted
+#: unpickler, only below this size to check that it is one.
+FOLDER_PICKLE_MAX_BYTES = 64 * 1024 * 1024
+
+
+def head_is_pickle(path: Path) -> bool:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(1) == b"\x80"
+    except OSError:
+        return False
+
+
+def is_fr_pickle(path: Path) -> bool:
+    """A pickle holding a Flight Recorder dump (its top level has pg_config and version/entries);
+    read only through :func:`traceanalyzer.ingest.safe_pickle.load_plain` (nothing in it runs)."""
+    from ..errors import TraceInputError
+    from .safe_pickle import load_plain
+    try:
+        if path.stat().st_size > FOLDER_PICKLE_MAX_BYTES:
+            return False
+        doc = load_plain(path.read_bytes(), path)
+    except (OSError, TraceInputError):
+        return False
+    return isinstance(doc, dict) and "pg_config" in doc and bool({"version", "entries"} & doc.keys())
+
+
 def _text_kind(text: str, column_map: dict | None) -> str | None:
     from .nccl.logs import looks_like_nccl_log
     from .nccl.plugins import looks_like_inspector, looks_like_profiler_dump
