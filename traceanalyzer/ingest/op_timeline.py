@@ -163,7 +163,7 @@ def load(path, column_map: dict | None = None) -> list:
         raise TraceInputError(path, f"op timeline has {int((dur < 0).sum())} negative duration(s)")
     ops = [str(o) for o in t.column(cols["op"]).to_pylist()]
     seq = ints("seq", -1) if cols["seq"] else _order_seq(rank, step, ops, ts)
-    grid = _grid(path, rank, coords)
+    grid = Grid(_grid(path, rank, coords))
     skipped: Counter = Counter()
     unknown = Counter(o for o in set(ops) if _class(o) == "compute" and o not in VOCABULARY)
     n_unknown = sum(1 for o in ops if o in unknown)
@@ -174,7 +174,7 @@ def load(path, column_map: dict | None = None) -> list:
     meta = {"source": SOURCE, "time_unit": unit, "time_unit_source": unit_source, "step_source": "op_timeline",
             "parallel": {k: int(v.max()) + 1 for k, v in coords.items()}, "kernels": False}
     out = []
-    ranks = sorted(grid)
+    ranks = sorted(grid.of)
     world = max(ranks) + 1
     missing_ranks = sorted(set(range(world)) - set(ranks))
     if missing_ranks:
@@ -260,36 +260,54 @@ def _coll_op(op: str) -> str:
     return next(v for k, v in _COLLECTIVE_SUFFIX.items() if op.endswith(k))
 
 
-def _group(op: str, me: tuple, grid: dict) -> tuple[str, list[int]]:
-    """(group name, member global ranks) of a collective on the rank at coordinates ``me``
-    (dp, pp, tp, cp, ep)."""
-    dp, pp, tp, cp, ep = me
-    n_pp = 1 + max(c[1] for c in grid.values())
-    if op.startswith("tp-"):
-        name, same = f"tp:dp{dp}-pp{pp}-cp{cp}-ep{ep}", lambda c: (c[0], c[1], c[3], c[4]) == (dp, pp, cp, ep)
-    elif op.startswith("cp-"):
-        name, same = f"cp:dp{dp}-pp{pp}-tp{tp}-ep{ep}", lambda c: (c[0], c[1], c[2], c[4]) == (dp, pp, tp, ep)
-    elif op.startswith("ep-") or op.endswith("-all-to-all"):
-        name, same = f"ep:dp{dp}-pp{pp}-tp{tp}-cp{cp}", lambda c: (c[0], c[1], c[2], c[3]) == (dp, pp, tp, cp)
-    elif op.startswith("embedding-"):
-        name, same = f"emb:dp{dp}-tp{tp}-cp{cp}-ep{ep}", lambda c: (c[0], c[2], c[3], c[4]) == (dp, tp, cp, ep) and c[1] in (0, n_pp - 1)
-    else:
-        name, same = f"dp:pp{pp}-tp{tp}-cp{cp}-ep{ep}", lambda c: (c[1], c[2], c[3], c[4]) == (pp, tp, cp, ep)
-    return name, sorted(r for r, c in grid.items() if same(c))
+_DIMS = ("dp", "pp", "tp", "cp", "ep")
+#: group kind -> the coordinates its members share (positions in (dp, pp, tp, cp, ep))
+_SHARED = {"tp": (0, 1, 3, 4), "cp": (0, 1, 2, 4), "ep": (0, 1, 2, 3), "dp": (1, 2, 3, 4), "pp": (0, 2, 3, 4)}
 
 
-def _peer(op: str, me: tuple, grid: dict) -> int | None:
-    """The other end of a pipeline send/recv: the next stage for forward-send and backward-recv,
-    the previous one for forward-recv and backward-send (wrapping: interleaved chunks)."""
-    dp, pp, tp, cp, ep = me
-    n_pp = 1 + max(c[1] for c in grid.values())
-    nxt = op in ("forward-send", "backward-recv")
-    other = (dp, (pp + (1 if nxt else -1)) % n_pp, tp, cp, ep)
-    return next((r for r, c in grid.items() if c == other), None)
+class Grid:
+    """The ranks' parallel coordinates (dp, pp, tp, cp, ep), indexed for O(1) peer and group look-ups."""
+
+    def __init__(self, coords: dict[int, tuple]):
+        self.of = coords
+        self.rank_at = {c: r for r, c in coords.items()}
+        self.n_pp = 1 + max(c[1] for c in coords.values())
+        self.members: dict[tuple, list[int]] = {}
+        for r in sorted(coords):
+            for kind, dims in _SHARED.items():
+                self.members.setdefault((kind, tuple(coords[r][i] for i in dims)), []).append(r)
+
+    def group(self, op: str, r: int) -> tuple[str, list[int]]:
+        """(group name, member global ranks) of collective ``op`` on rank ``r``: ``tp-*`` over tp,
+        ``cp-*`` over cp, ``ep-*``/``*-all-to-all`` over ep, ``embedding-*`` the first and last
+        stage of the pipeline, anything else the data-parallel group."""
+        me = self.of[r]
+        kind = ("tp" if op.startswith("tp-") else "cp" if op.startswith("cp-") else
+                "ep" if op.startswith("ep-") or op.endswith("-all-to-all") else
+                "emb" if op.startswith("embedding-") else "dp")
+        dims = _SHARED["pp" if kind == "emb" else kind]
+        key = tuple(me[i] for i in dims)
+        members = self.members[("pp" if kind == "emb" else kind, key)]
+        if kind == "emb":
+            members = [m for m in members if self.of[m][1] in (0, self.n_pp - 1)]
+        return f"{kind}:" + "-".join(f"{_DIMS[i]}{v}" for i, v in zip(dims, key)), members
+
+    def peer(self, op: str, r: int) -> int | None:
+        """The other end of a pipeline send/recv: the next stage for forward-send and
+        backward-recv, the previous one for forward-recv and backward-send (wrapping: interleaved
+        chunks)."""
+        dp, pp, tp, cp, ep = self.of[r]
+        step = 1 if op in ("forward-send", "backward-recv") else -1
+        return self.rank_at.get((dp, (pp + step) % self.n_pp, tp, cp, ep))
+
+    def pipeline(self, r: int) -> tuple[str, list[int]]:
+        me = self.of[r]
+        key = tuple(me[i] for i in _SHARED["pp"])
+        return "pp:" + "-".join(f"{_DIMS[i]}{v}" for i, v in zip(_SHARED["pp"], key)), self.members[("pp", key)]
 
 
 def _rank_tables(path, r, idx, grid, ops, step, ts, dur, mb, seq, coords, world, meta, skipped):
-    me = grid[r]
+    me = grid.of[r]
     ev, comms = [], []
     steps = _steps(step[idx], ts[idx], dur[idx])
     st = steps.to_pydict()
@@ -319,17 +337,16 @@ def _rank_tables(path, r, idx, grid, ops, step, ts, dur, mb, seq, coords, world,
                "end_ts_ns": int(ts[i] + dur[i]), "dur_ns": int(dur[i]), "exec_tid": TID, "on_gpu": False,
                "step": int(step[i])}
         if cls == "p2p":
-            peer = _peer(op, me, grid)
+            peer = grid.peer(op, r)
             if peer is None:
                 skipped["op_timeline.p2p_without_peer"] += 1
             send = op.endswith("-send")
-            members = sorted(q for q, c in grid.items() if (c[0], c[2], c[3], c[4]) == (me[0], me[2], me[3], me[4]))
-            row.update(op="send" if send else "recv", pg_name=f"pp:dp{me[0]}-tp{me[2]}-cp{me[3]}-ep{me[4]}",
-                       pg_desc="pipeline", pg_ranks=members, group_size=len(members),
+            pg, members = grid.pipeline(r)
+            row.update(op="send" if send else "recv", pg_name=pg, pg_desc="pipeline", pg_ranks=members, group_size=len(members),
                        src_rank=r if send else peer, dst_rank=peer if send else r, peer_rank=peer,
                        tag=0 if op.startswith("forward") else 1)
         else:
-            name, members = _group(op, me, grid)
+            name, members = grid.group(op, r)
             row.update(op=_coll_op(op), pg_name=f"{name}:{op}", pg_desc=op, pg_ranks=members, group_size=len(members),
                        seq=int(step[i]) * SEQ_STRIDE + int(seq[i]), seq_source=SOURCE)
         comms.append(row)
