@@ -30,17 +30,19 @@ communication overlapped GPU work.
 """
 from __future__ import annotations
 
-import json
 import logging
 import re
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from .. import schema as S
-from ..errors import TraceInputError
+from ...errors import TraceInputError
+from . import tables
+from .tables import SEQ_STRIDE, SOURCE, TID, Grid  # noqa: F401 (documented here)
 
 log = logging.getLogger("traceanalyzer.ingest")
 
@@ -66,11 +68,6 @@ UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
 #: and no op may last longer than MAX_OP_NS in the unit chosen
 EPOCH_SPAN = 4.1
 MAX_OP_NS = 3600 * 1_000_000_000
-#: seq of a collective = step * SEQ_STRIDE + its sequence id within (rank, step, op)
-SEQ_STRIDE = 100_000
-#: every op of a rank is on one CPU thread (the training loop that timed it)
-TID = 1
-SOURCE = "op_timeline"
 
 
 def columns_match(cols, column_map: dict | None = None) -> list[str]:
@@ -100,7 +97,7 @@ def parquet_columns(path) -> list[str] | None:
 
 
 def is_op_timeline(path, column_map: dict | None = None) -> bool:
-    from .sniff import sniff
+    from ..sniff import sniff
     return sniff(path, column_map)[0] == "op_timeline"
 
 
@@ -121,7 +118,7 @@ def read_table(path: Path) -> pa.Table:
 
 def load(path, column_map: dict | None = None) -> list:
     """One :class:`~traceanalyzer.ingest.kineto.build.RankTables` per rank of the timeline."""
-    from .kineto.build import RankTables
+    from ..kineto.build import RankTables
     path = Path(path)
     column_map = dict(column_map or {})
     t = read_table(path)
@@ -161,37 +158,34 @@ def load(path, column_map: dict | None = None) -> list:
     ts, dur = times("start"), times("duration")
     if (dur < 0).any():
         raise TraceInputError(path, f"op timeline has {int((dur < 0).sum())} negative duration(s)")
-    ops = [str(o) for o in t.column(cols["op"]).to_pylist()]
-    seq = ints("seq", -1) if cols["seq"] else _order_seq(rank, step, ops, ts)
+    enc = pc.dictionary_encode(t.column(cols["op"]).cast(pa.string())).combine_chunks()
+    ops_u = [str(o) for o in enc.dictionary.to_pylist()]
+    code = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    seq = ints("seq", -1) if cols["seq"] else _order_seq(rank, step, code, ts)
     grid = Grid(_grid(path, rank, coords))
-    skipped: Counter = Counter()
-    unknown = Counter(o for o in set(ops) if _class(o) == "compute" and o not in VOCABULARY)
-    n_unknown = sum(1 for o in ops if o in unknown)
+    unknown = {o for o in ops_u if _class(o) == "compute" and o not in VOCABULARY}
+    n_unknown = int(np.isin(code, [i for i, o in enumerate(ops_u) if o in unknown]).sum())
     if n_unknown:
         log.info("%s: %d op(s) of %d unknown type(s) kept as compute: %s", path, n_unknown, len(unknown),
                  ", ".join(sorted(unknown)[:8]))
     log.info("%s: op timeline times in %s (%s)", path, unit, unit_source)
     meta = {"source": SOURCE, "time_unit": unit, "time_unit_source": unit_source, "step_source": "op_timeline",
             "parallel": {k: int(v.max()) + 1 for k, v in coords.items()}, "kernels": False}
-    out = []
     ranks = sorted(grid.of)
     world = max(ranks) + 1
     missing_ranks = sorted(set(range(world)) - set(ranks))
     if missing_ranks:
-        from .batch import format_ranges
+        from ..batch import format_ranges
         raise TraceInputError(path, f"op timeline has no rows for rank(s) {format_ranges(missing_ranks)} of "
                                     f"0-{world - 1}: every rank must be in the file")
     order = np.lexsort((ts, rank))
-    bounds = np.searchsorted(rank[order], np.arange(world + 1))
-    for r in ranks:
-        idx = order[bounds[r]:bounds[r + 1]]
-        mine: Counter = Counter(skipped)  # per rank: the ingest summary adds them up
-        n_unk = sum(1 for i in idx if ops[i] in unknown)
-        if n_unk:
-            mine["op_timeline.unknown_op_types_kept_as_compute"] = n_unk
-        out.append(RankTables(r, SOURCE, *_rank_tables(path, r, idx, grid, ops, step, ts, dur, mb, seq, coords,
-                                                       world, meta, mine), skipped=mine))
-    return out
+    cols_sorted = {"rank": rank, "step": step, "ts": ts, "dur": dur, "mb": mb, "seq": seq, "vpp": coords["vpp"],
+                   "code": code}
+    cols_sorted = {k: v[order] for k, v in cols_sorted.items()}
+    built = tables.build(path, grid, ops_u, [_class(o) for o in ops_u],
+                         [_coll_op(o) if _class(o) == "collective" else None for o in ops_u], cols_sorted, world, meta,
+                         np.array([o in unknown for o in ops_u], bool))
+    return [RankTables(r, SOURCE, t, start, end, skipped=Counter(sk)) for r, t, start, end, sk in built]
 
 
 def _unit(path, t, cols, given) -> tuple[int, str, str]:
@@ -221,13 +215,12 @@ def _unit(path, t, cols, given) -> tuple[int, str, str]:
                                 "name the columns start_us/duration_us (ns, us, ms, s) or pass --column-map unit=us")
 
 
-def _order_seq(rank, step, ops, ts) -> np.ndarray:
-    seq = np.zeros(len(rank), np.int64)
-    counter: Counter = Counter()
-    for i in np.lexsort((ts, step, rank)):
-        key = (rank[i], step[i], ops[i])
-        seq[i] = counter[key]
-        counter[key] += 1
+def _order_seq(rank, step, code, ts) -> np.ndarray:
+    """Sequence id per (rank, step, op) in start order (when the file has none)."""
+    order = np.lexsort((ts, code, step, rank))
+    seq = np.empty(len(rank), np.int64)
+    seq[order] = pd.DataFrame({"r": rank[order], "s": step[order], "c": code[order]}).groupby(
+        ["r", "s", "c"], sort=False).cumcount().to_numpy()
     return seq
 
 
@@ -258,140 +251,3 @@ def _class(op: str) -> str:
 
 def _coll_op(op: str) -> str:
     return next(v for k, v in _COLLECTIVE_SUFFIX.items() if op.endswith(k))
-
-
-_DIMS = ("dp", "pp", "tp", "cp", "ep")
-#: group kind -> the coordinates its members share (positions in (dp, pp, tp, cp, ep))
-_SHARED = {"tp": (0, 1, 3, 4), "cp": (0, 1, 2, 4), "ep": (0, 1, 2, 3), "dp": (1, 2, 3, 4), "pp": (0, 2, 3, 4)}
-
-
-class Grid:
-    """The ranks' parallel coordinates (dp, pp, tp, cp, ep), indexed for O(1) peer and group look-ups."""
-
-    def __init__(self, coords: dict[int, tuple]):
-        self.of = coords
-        self.rank_at = {c: r for r, c in coords.items()}
-        self.n_pp = 1 + max(c[1] for c in coords.values())
-        self.members: dict[tuple, list[int]] = {}
-        for r in sorted(coords):
-            for kind, dims in _SHARED.items():
-                self.members.setdefault((kind, tuple(coords[r][i] for i in dims)), []).append(r)
-
-    def group(self, op: str, r: int) -> tuple[str, list[int]]:
-        """(group name, member global ranks) of collective ``op`` on rank ``r``: ``tp-*`` over tp,
-        ``cp-*`` over cp, ``ep-*``/``*-all-to-all`` over ep, ``embedding-*`` the first and last
-        stage of the pipeline, anything else the data-parallel group."""
-        me = self.of[r]
-        kind = ("tp" if op.startswith("tp-") else "cp" if op.startswith("cp-") else
-                "ep" if op.startswith("ep-") or op.endswith("-all-to-all") else
-                "emb" if op.startswith("embedding-") else "dp")
-        dims = _SHARED["pp" if kind == "emb" else kind]
-        key = tuple(me[i] for i in dims)
-        members = self.members[("pp" if kind == "emb" else kind, key)]
-        if kind == "emb":
-            members = [m for m in members if self.of[m][1] in (0, self.n_pp - 1)]
-        return f"{kind}:" + "-".join(f"{_DIMS[i]}{v}" for i, v in zip(dims, key)), members
-
-    def peer(self, op: str, r: int) -> int | None:
-        """The other end of a pipeline send/recv: the next stage for forward-send and
-        backward-recv, the previous one for forward-recv and backward-send (wrapping: interleaved
-        chunks)."""
-        dp, pp, tp, cp, ep = self.of[r]
-        step = 1 if op in ("forward-send", "backward-recv") else -1
-        return self.rank_at.get((dp, (pp + step) % self.n_pp, tp, cp, ep))
-
-    def pipeline(self, r: int) -> tuple[str, list[int]]:
-        me = self.of[r]
-        key = tuple(me[i] for i in _SHARED["pp"])
-        return "pp:" + "-".join(f"{_DIMS[i]}{v}" for i, v in zip(_SHARED["pp"], key)), self.members[("pp", key)]
-
-
-def _rank_tables(path, r, idx, grid, ops, step, ts, dur, mb, seq, coords, world, meta, skipped):
-    me = grid.of[r]
-    ev, comms = [], []
-    steps = _steps(step[idx], ts[idx], dur[idx])
-    st = steps.to_pydict()
-    marks = sorted([(a, -1 - k, None) for k, a in enumerate(st["start_ts_ns"])] + [(int(ts[i]), 0, i) for i in idx])
-    for eid, (_, k, i) in enumerate(marks):
-        if i is None:  # the step's span, as ProfilerStep#N in a Kineto trace (the replay's step boundaries)
-            k = -1 - k
-            ev.append({"event_id": eid, "ph": "X", "cat": "user_annotation", "kind": "step",
-                       "name": f"ProfilerStep#{st['step'][k]}", "ts_ns": st["start_ts_ns"][k], "dur_ns": st["dur_ns"][k],
-                       "pid": r, "tid": TID, "is_gpu": False, "device": None, "stream": None, "correlation": None,
-                       "external_id": None, "step": st["step"][k], "nested": False, "args_json": "{}"})
-            continue
-        op = ops[i]
-        cls = _class(op)
-        args = {"microbatch": int(mb[i]) if mb[i] >= 0 else None, "seq": int(seq[i]),
-                "vpp": int(coords["vpp"][i])}
-        ev.append({"event_id": eid, "ph": "X", "cat": "cpu_op", "kind": "cpu_op" if cls == "compute" else "comm_op",
-                   "name": op, "ts_ns": int(ts[i]), "dur_ns": int(dur[i]), "pid": r,
-                   "tid": TID, "is_gpu": False, "device": None,
-                   "stream": None, "correlation": None, "external_id": None, "step": int(step[i]), "nested": False,
-                   "args_json": json.dumps(args, separators=(",", ":"))})
-        if cls == "compute":
-            continue
-        row = {"comm_id": len(comms), "dialect": SOURCE, "is_p2p": cls == "p2p", "pg_inferred": False,
-               "pg_source": SOURCE, "enqueue_event_id": eid, "enqueue_ts_ns": int(ts[i]), "enqueue_dur_ns": int(dur[i]),
-               "enqueue_tid": TID, "exec_event_id": eid, "exec_name": op, "start_ts_ns": int(ts[i]),
-               "end_ts_ns": int(ts[i] + dur[i]), "dur_ns": int(dur[i]), "exec_tid": TID, "on_gpu": False,
-               "step": int(step[i])}
-        if cls == "p2p":
-            peer = grid.peer(op, r)
-            if peer is None:
-                skipped["op_timeline.p2p_without_peer"] += 1
-            send = op.endswith("-send")
-            pg, members = grid.pipeline(r)
-            row.update(op="send" if send else "recv", pg_name=pg, pg_desc="pipeline", pg_ranks=members, group_size=len(members),
-                       src_rank=r if send else peer, dst_rank=peer if send else r, peer_rank=peer,
-                       tag=0 if op.startswith("forward") else 1)
-        else:
-            name, members = grid.group(op, r)
-            row.update(op=_coll_op(op), pg_name=f"{name}:{op}", pg_desc=op, pg_ranks=members, group_size=len(members),
-                       seq=int(step[i]) * SEQ_STRIDE + int(seq[i]), seq_source=SOURCE)
-        comms.append(row)
-    _p2p_seq(comms)
-    events = pa.Table.from_pylist(ev, schema=S.EVENTS.arrow_schema)
-    comms_t = pa.Table.from_pylist(comms, schema=S.COMMS.arrow_schema)
-    start, end = int(ts[idx].min()), int((ts[idx] + dur[idx]).max())
-    groups = {}
-    for c in comms:
-        groups.setdefault(c["pg_name"], c)
-    pgs = pa.Table.from_pylist([{"pg_name": k, "pg_desc": c["pg_desc"], "backend_config": SOURCE,
-                                 "pg_size": c["group_size"], "pg_ranks": c["pg_ranks"]} for k, c in sorted(groups.items())],
-                               schema=S.PROCESS_GROUPS.arrow_schema)
-    threads = pa.Table.from_pylist([{"pid": r, "tid": TID, "is_gpu": False, "name": "op timeline", "n_events": len(ev)}],
-                                   schema=S.THREADS.arrow_schema)
-    rank_meta = dict(meta, coordinates=dict(zip(("dp", "pp", "tp", "cp", "ep"), me)))
-    ranks = pa.Table.from_pylist([{
-        "trace_file": str(Path(path).resolve()), "host": "", "pid": r, "world_size": world, "backend": None,
-        "device": None, "rank_source": SOURCE, "base_time_ns": 0, "start_ts_ns": start, "end_ts_ns": end,
-        "clock_offset_ns": 0, "n_events": len(ev), "n_skipped": sum(skipped.values()),
-        "skipped_json": json.dumps(dict(skipped), sort_keys=True), "distributed_info_json": "{}",
-        "trace_meta_json": json.dumps(rank_meta, sort_keys=True)}], schema=S.RANKS.arrow_schema)
-    flows = pa.Table.from_pylist([], schema=S.FLOWS.arrow_schema)
-    tables = {"ranks": ranks, "process_groups": pgs, "threads": threads, "events": events, "flows": flows,
-              "steps": steps, "comms": comms_t}
-    return tables, start, end
-
-
-def _p2p_seq(comms: list[dict]) -> None:
-    """p2p_seq: index among this rank's ops of the same (pg, src, dst, tag), in time order."""
-    counter: Counter = Counter()
-    for c in sorted((c for c in comms if c["is_p2p"]), key=lambda c: (c["start_ts_ns"], c["comm_id"])):
-        key = (c["pg_name"], c["src_rank"], c["dst_rank"], c["tag"])
-        c["p2p_seq"] = counter[key]
-        counter[key] += 1
-
-
-def _steps(step, ts, dur) -> pa.Table:
-    ranges: dict[int, list[int]] = {}
-    for s, a, d in zip(step.tolist(), ts.tolist(), dur.tolist()):
-        lo, hi = ranges.get(s, (a, a + d))
-        ranges[s] = [min(lo, a), max(hi, a + d)]
-    keys = sorted(ranges)
-    return pa.table({"step": pa.array(keys, pa.int32()),
-                     "start_ts_ns": pa.array([ranges[s][0] for s in keys], pa.int64()),
-                     "end_ts_ns": pa.array([ranges[s][1] for s in keys], pa.int64()),
-                     "dur_ns": pa.array([ranges[s][1] - ranges[s][0] for s in keys], pa.int64())},
-                    schema=S.STEPS.arrow_schema)
