@@ -75,8 +75,8 @@ _FINDING_COLUMNS = ["kind", "pg_name", "pg_desc", "seq", "op", "profiling_name",
 
 
 def diagnose(paths_or_store, run: str | None = None) -> Diagnosis:
-    """Diagnose the FR dumps in ``paths_or_store``: dump files or folders of them (``rank{R}.fr.json``,
-    ``.fr.pkl``, ``nccl_trace_rank_{R}``), or a store (then ``run`` picks the run when it holds several)."""
+    """Diagnose the FR dumps in ``paths_or_store``: dump files or folders of them (recognised by
+    content: ``rank{R}.fr.json``, ``nccl_trace_rank_{R}``, ``fr_rank_{R}``, ...), or a store (then ``run`` picks the run when it holds several)."""
     items = [paths_or_store] if isinstance(paths_or_store, (str, Path)) else list(paths_or_store)
     items = [Path(p) for p in items]
     if len(items) == 1 and (items[0] / "_store.json").is_file():
@@ -90,21 +90,21 @@ def diagnose(paths_or_store, run: str | None = None) -> Diagnosis:
 
 def _from_files(paths: list[Path]) -> tuple[list[RankDump], dict, int | None]:
     from ..ingest.flight_recorder import read_fr_dump
-    from ..ingest.nccl.logs import rank_from_name
-    from ..ingest.sidecars import classify
+    from ..ingest.sidecars import classify, fr_rank
     for p in paths:
         if not p.exists():
             raise TraceInputError(p, "no such file or folder")
     _, side = classify(paths)
     files = [s.path for s in side if s.kind == "flight_recorder"]
     if not files:
-        raise TraceAnalyzerError("no Flight Recorder dumps (rank{R}.fr.json, rank{R}.fr.pkl, nccl_trace_rank_{R}) in "
+        raise TraceAnalyzerError("no Flight Recorder dumps (JSON or pickle, recognised by content) in "
                                  + ", ".join(map(str, paths)))
     dumps: dict[int, RankDump] = {}
     for f in files:
-        rank = rank_from_name(f)
+        rank, _ = fr_rank(f)
         if rank is None:
-            raise TraceInputError(f, "cannot tell the rank of this Flight Recorder dump: name it rank{R}.fr.json")
+            raise TraceInputError(f, "cannot tell the rank of this Flight Recorder dump: no rank{R}.manifest.json "
+                                     "lists it and its name has no number (name it like fr_rank_{R})")
         if rank in dumps:
             raise TraceInputError(f, f"second Flight Recorder dump for rank {rank} (first: {dumps[rank].path}); "
                                      "diagnose one run at a time")

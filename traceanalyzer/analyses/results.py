@@ -247,6 +247,9 @@ def format_text(results: dict[str, pd.DataFrame], params: dict) -> str:
             lines.append(f"overlap: {o['overlap_pct'].mean():.1f}% of communication overlapped on average "
                          f"(min rank {int(o.loc[o['overlap_pct'].idxmin(), 'rank'])}: {o['overlap_pct'].min():.1f}%); "
                          f"exposed {_ms(o['exposed_ns'].sum() / max(len(o), 1))} per rank in the window")
+        elif "overlap" in sel and not sel["overlap"].empty:
+            lines.append("overlap: n/a (unknown: an op timeline records no kernels, so not how communication overlapped "
+                         "GPU work)")
         if "exposed_comm" in sel and not sel["exposed_comm"].empty:
             for r in sel["exposed_comm"].head(3).itertuples():
                 lines.append(f"  exposed #{r.rank_order}: rank {r.rank} step {_na(r.step)}: {_ms(r.exposed_ns)} of {r.op} "

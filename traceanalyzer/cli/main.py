@@ -24,9 +24,22 @@ EXIT_OK, EXIT_FLAGGED, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
 def _cmd_ingest(args) -> int:
     from ..ingest.batch import ingest
     report = ingest(args.paths or [], args.store, run=args.run, rank=args.rank, workers=args.workers,
-                    progress=not args.quiet, nccl_logs=args.nccl_log or [])
+                    progress=not args.quiet, nccl_logs=args.nccl_log or [], format=args.format,
+                    column_map=_column_map(args.column_map))
     print(report.summary())
     return 0
+
+
+def _column_map(items) -> dict | None:
+    """--column-map ours=theirs (repeatable, or comma-separated); 'unit=us' gives the time unit."""
+    out = {}
+    for item in items or []:
+        for pair in filter(None, item.split(",")):
+            ours, sep, theirs = pair.partition("=")
+            if not sep or not ours.strip() or not theirs.strip():
+                raise TraceAnalyzerError(f"--column-map {pair!r}: expected ours=theirs (e.g. start=begin_us, unit=us)")
+            out[ours.strip()] = theirs.strip()
+    return out or None
 
 
 def _cmd_desync(args) -> int:
@@ -258,7 +271,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = p.add_subparsers(dest="command", required=True)
 
-    s = sub.add_parser("ingest", help="parse Kineto traces (.json/.json.gz) and Nsight Systems SQLite exports (files or folders) into a store")
+    s = sub.add_parser("ingest", help="parse Kineto traces, Nsight Systems SQLite exports and op timelines (files or folders; recognised by content) into a store")
     s.add_argument("paths", nargs="*", help="trace files or folders (searched recursively); Flight Recorder dumps, "
                                             "NCCL debug logs and NCCL profiler plugin output found there are ingested too")
     s.add_argument("--store", required=True, help="store folder (created if missing)")
@@ -268,6 +281,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument("--nccl-log", action="append", metavar="FILE",
                    help="an NCCL_DEBUG=INFO log (NCCL_DEBUG_SUBSYS=COLL), whatever its name (repeatable)")
+    s.add_argument("--format", choices=("op-timeline",), default=None,
+                   help="read the files named as op timelines (Parquet/CSV, one row per op of every rank); "
+                        "default: every input is recognised by its content")
+    s.add_argument("--column-map", action="append", metavar="OURS=THEIRS",
+                   help="op timeline: the file's name for one of our columns (rank, dp, pp, vpp, tp, cp, ep, step, "
+                        "op, start, duration, microbatch, seq), and unit=ns|us|ms|s; repeatable or comma-separated")
     s.set_defaults(func=_cmd_ingest)
 
     s = sub.add_parser("desync", help="diagnose a hang from the Flight Recorder dumps of all ranks: which collective, "

@@ -12,6 +12,7 @@ torch is imported only when a collector runs, so importing this package
 
 from traceanalyzer.collect.fr_dump import dump_flight_recorder, enable_flight_recorder
 from traceanalyzer.collect.manifest import allowed_env
+from traceanalyzer.collect.op_timeline import OpTimeline
 from traceanalyzer.collect.profiler import Collector, profile
 
-__all__ = ["Collector", "allowed_env", "dump_flight_recorder", "enable_flight_recorder", "profile"]
+__all__ = ["Collector", "OpTimeline", "allowed_env", "dump_flight_recorder", "enable_flight_recorder", "profile"]

@@ -143,15 +143,11 @@ def format_ranges(values) -> str:
 
 def find_traces(paths: Iterable[str | os.PathLike], allow_empty: bool = False) -> list[Path]:
     """Trace files named by ``paths`` (files, or folders searched recursively)."""
-    from .flight_recorder import is_fr_name
-    from .nsys import is_nsys_export
     found: list[Path] = []
     for p in paths:
         p = Path(p)
         if p.is_dir():
-            found += sorted(f for f in p.rglob("*") if f.is_file() and (
-                (f.name.endswith(_TRACE_SUFFIXES) and not f.name.endswith((".fr.json", "manifest.json", ".ranks.json"))
-                 and not is_fr_name(f)) or is_nsys_export(f)))
+            found += sorted(f for f in p.rglob("*") if f.is_file() and trace_by_name(f))
         elif p.exists():
             found.append(p)
         else:
@@ -162,7 +158,17 @@ def find_traces(paths: Iterable[str | os.PathLike], allow_empty: bool = False) -
     return found
 
 
-def _parse_one(path: str, rank_arg: int | None, staging: str) -> tuple:
+def trace_by_name(f: Path) -> bool:
+    """A file in a folder taken as a trace: a Kineto ``*.json``/``*.json.gz`` (not a manifest nor
+    an FR dump) or an Nsight Systems export (by content). Other files are sniffed by
+    :func:`traceanalyzer.ingest.sidecars.classify`."""
+    from .flight_recorder import is_fr_name
+    from .nsys import is_nsys_export
+    return ((f.name.endswith(_TRACE_SUFFIXES) and not f.name.endswith((".fr.json", "manifest.json", ".ranks.json"))
+             and not is_fr_name(f)) or is_nsys_export(f))
+
+
+def _parse_one(path: str, rank_arg: int | None, staging: str, opts: dict | None = None) -> tuple:
     """Worker: parse one file and stage its tables. Returns ("ok", TraceSummary) or ("error", path, problem)."""
     from .comms import build_comms
     from .flight_recorder import read_fr_json, sidecar_path
@@ -170,10 +176,15 @@ def _parse_one(path: str, rank_arg: int | None, staging: str) -> tuple:
     from .kineto.reader import read_trace
     from .nsys import load as load_nsys
     from .nsys import looks_like_sqlite
+    from .op_timeline import is_op_timeline
+    from .op_timeline import load as load_op_timeline
     from .sidecars import check_rank_manifest
     try:
         if looks_like_sqlite(path) or path.endswith(_SQLITE_SUFFIXES):  # Nsight Systems: a rank per GPU process
             return ("ok", [_stage(path, b, staging) for b in load_nsys(path, rank_arg)])
+        opts = opts or {}
+        if opts.get("format") == "op-timeline" or is_op_timeline(path, opts.get("column_map")):  # every rank in one file
+            return ("ok", [_stage(path, b, staging) for b in load_op_timeline(path, opts.get("column_map"))])
         trace = read_trace(path)
         info = trace.meta.get("distributedInfo")
         shapes_on = bool(trace.meta.get("record_shapes"))  # Kineto writes "record_shapes": 1 when it was on
@@ -230,13 +241,16 @@ def default_run_name(paths: list[Path]) -> str:
 
 
 def ingest(paths, store, run: str | None = None, rank: int | None = None, workers: int | None = None,
-           progress: bool = False, nccl_logs=()) -> IngestReport:
+           progress: bool = False, nccl_logs=(), format: str | None = None,
+           column_map: dict | None = None) -> IngestReport:
     """Parse trace files (or folders of them) into ``store``; returns an :class:`IngestReport`.
 
     Per-process inputs found among ``paths`` (Flight Recorder dumps, NCCL debug logs, NCCL
     Inspector / profiler plugin output; see :mod:`traceanalyzer.ingest.sidecars`) are ingested too, and
     ``nccl_logs`` names NCCL debug logs whatever their file names.
-    ``rank`` is used only for files whose trace has no ``distributedInfo.rank``. Raises
+    ``rank`` is used only for files whose trace has no ``distributedInfo.rank``. ``format="op-timeline"``
+    reads the files named as op timelines (:mod:`traceanalyzer.ingest.op_timeline`; else recognised
+    by their columns), ``column_map`` maps its column names to ours. Raises
     :class:`~traceanalyzer.errors.TraceInputError` or :class:`~traceanalyzer.errors.StoreError`
     with a one-line message; the store is then unchanged.
     """
@@ -246,7 +260,8 @@ def ingest(paths, store, run: str | None = None, rank: int | None = None, worker
     nccl_logs = [Path(p) for p in ([nccl_logs] if isinstance(nccl_logs, (str, os.PathLike)) else nccl_logs)]
     if not paths and not nccl_logs:
         raise TraceAnalyzerError("nothing to ingest: name trace files or folders (or --nccl-log FILE)")
-    trace_paths, side = sidecars.classify(paths, nccl_logs)
+    trace_paths, side = sidecars.classify(paths, nccl_logs, column_map, format)
+    opts = {"format": format, "column_map": column_map}
     files = find_traces(trace_paths, allow_empty=bool(side)) if trace_paths or not side else []
     run = run or default_run_name(paths or nccl_logs)
     if not _RUN_RE.match(run):
@@ -260,7 +275,7 @@ def ingest(paths, store, run: str | None = None, rank: int | None = None, worker
         staging.mkdir()
         try:
             side_done, already = sidecars.parse_all(side, rank, staging, manifest, run)  # small: first, fail fast
-            summaries = _parse_all(files, rank, staging, workers, progress) if files else []
+            summaries = _parse_all(files, rank, staging, workers, progress, opts) if files else []
             p2p_groups.resolve(summaries)  # gloo p2p on subgroups (PP x DP): needs every rank
             coll_groups.resolve(summaries)  # gloo collectives whose group no runloop thread told
             beside = [sidecars.Sidecar("flight_recorder", p, s.rank) for s in summaries
@@ -301,7 +316,8 @@ def _removed_on_failure(created: Path | None):
         raise
 
 
-def _parse_all(files: list[Path], rank: int | None, staging: Path, workers: int | None, progress: bool) -> list[TraceSummary]:
+def _parse_all(files: list[Path], rank: int | None, staging: Path, workers: int | None, progress: bool,
+               opts: dict | None = None) -> list[TraceSummary]:
     bar = _Progress(len(files), enabled=progress)
     results = []
     n_workers = max(1, min(workers or os.cpu_count() or 1, len(files)))
@@ -309,7 +325,7 @@ def _parse_all(files: list[Path], rank: int | None, staging: Path, workers: int 
         n_workers = 1  # starting a pool costs more than parsing a few small files
     if n_workers == 1:
         for f in files:
-            results.append(_parse_one(str(f), rank, str(staging)))
+            results.append(_parse_one(str(f), rank, str(staging), opts))
             bar.advance(f)
             if results[-1][0] == "error":
                 break
@@ -318,7 +334,7 @@ def _parse_all(files: list[Path], rank: int | None, staging: Path, workers: int 
         ctx.set_forkserver_preload(["traceanalyzer.ingest.batch", "traceanalyzer.ingest.comms", "traceanalyzer.ingest.kineto.build"])
         with ProcessPoolExecutor(n_workers, mp_context=ctx, max_tasks_per_child=1,
                                  initializer=_worker_init) as pool:
-            futures = {pool.submit(_parse_one, str(f), rank, str(staging)): f for f in files}
+            futures = {pool.submit(_parse_one, str(f), rank, str(staging), opts): f for f in files}
             for fut in as_completed(futures):
                 try:
                     results.append(fut.result())

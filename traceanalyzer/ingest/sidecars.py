@@ -1,7 +1,9 @@
 """Per-process inputs beside the traces ("sidecars"): find them, parse them, commit them.
 
-What ingest accepts besides Kineto traces, and how each is recognised (folders are searched
-recursively; a file named on the command line is classified the same way):
+What ingest accepts besides Kineto traces. A file named on the command line is classified by its
+content (:mod:`traceanalyzer.ingest.sniff`; the names below only when the content cannot tell);
+in folders (searched recursively) these names are taken, and other files are sniffed (an FR dump
+named ``fr_rank_{R}``, JSON or pickle, is found so):
 
 | kind | files | table(s) |
 |---|---|---|
@@ -54,10 +56,14 @@ class SidecarSummary:
     staged: dict[str, str] = field(default_factory=dict)
 
 
-def classify(paths: list[Path], nccl_logs: list[Path] = ()) -> tuple[list[Path], list[Sidecar]]:
+def classify(paths: list[Path], nccl_logs: list[Path] = (), column_map: dict | None = None,
+             fmt: str | None = None) -> tuple[list[Path], list[Sidecar]]:
     """Split the inputs into trace paths (files and folders, for :func:`ingest.find_traces`) and
-    per-process inputs."""
-    from .flight_recorder import is_fr_name
+    per-process inputs. A file named on the command line is classified by its content
+    (:func:`traceanalyzer.ingest.sniff.sniff`; its name only when the content cannot tell), and one
+    that is nothing we read is refused in one line; in folders, files with a known name are taken
+    as before and the others are sniffed (kept only when recognised)."""
+    from .sniff import EXPECTED, SIDECAR_KINDS, head_is_pickle, is_fr_pickle, kind_by_name, sniff
     traces, side = [], []
     for p in nccl_logs:
         if not p.is_file():
@@ -68,12 +74,28 @@ def classify(paths: list[Path], nccl_logs: list[Path] = ()) -> tuple[list[Path],
         if p.is_dir():
             traces.append(p)
             for f in sorted(p.rglob("*")):
-                kind = _kind(f, explicit=False) if f.is_file() and f.resolve() not in forced else None
+                if not f.is_file() or f.resolve() in forced:
+                    continue
+                kind = _kind(f, explicit=False)
                 if kind:
                     side.append(Sidecar(kind, f))
+                elif not _found_by_name(f):
+                    kind = sniff(f, column_map)[0]
+                    if kind == "flight_recorder" and head_is_pickle(f) and not is_fr_pickle(f):
+                        kind = None  # some other pickle in the folder: not ours to read
+                    if kind in SIDECAR_KINDS:
+                        side.append(Sidecar(kind, f))
+                    elif kind in ("kineto", "op_timeline"):
+                        traces.append(f)
         elif p.is_file():
-            kind = "flight_recorder" if is_fr_name(p) or p.suffix in (".pkl", ".pickle") else _kind(p, explicit=True)
-            if kind:
+            if fmt == "op-timeline":
+                traces.append(p)
+                continue
+            kind, seen = sniff(p, column_map)
+            kind = kind or kind_by_name(p)
+            if kind is None:
+                raise TraceInputError(p, f"not a recognised input: this is {seen}; {EXPECTED}")
+            if kind in SIDECAR_KINDS:
                 if p.resolve() not in forced:
                     side.append(Sidecar(kind, p))
             else:
@@ -81,6 +103,14 @@ def classify(paths: list[Path], nccl_logs: list[Path] = ()) -> tuple[list[Path],
         else:
             traces.append(p)  # find_traces reports it
     return traces, side
+
+
+def _found_by_name(f: Path) -> bool:
+    """Files that find_traces or the collector's layout account for by name (not sniffed again)."""
+    from .batch import trace_by_name
+    name = f.name
+    return trace_by_name(f) or name.endswith(("manifest.json", ".ranks.json", ".json", ".json.gz", ".sqlite",
+                                              ".sqlite3", ".py", ".md", ".sh"))
 
 
 def _kind(path: Path, explicit: bool) -> str | None:
@@ -98,10 +128,6 @@ def _kind(path: Path, explicit: bool) -> str | None:
         return "nccl_inspector"
     if looks_like_profiler_dump(head):
         return "nccl_profiler"
-    if explicit:
-        raise TraceInputError(path, "not a recognised input: not a Kineto trace (.json/.json.gz), Flight Recorder "
-                                    "dump, NCCL debug log (use --nccl-log for any name), NCCL Inspector log or "
-                                    "NCCL profiler plugin dump")
     return None
 
 
@@ -119,17 +145,15 @@ def _head(path: Path) -> str:
 
 def parse(sc: Sidecar, rank_arg: int | None, staging: Path) -> SidecarSummary:
     """Parse one input and stage its tables (parquet files under ``staging``)."""
-    from .nccl.logs import rank_from_name, read_nccl_log
+    from .nccl.logs import read_nccl_log
     from .nccl.plugins import read_inspector, read_profiler_dump
     if sc.kind == "flight_recorder":
         from .flight_recorder import fr_tables, read_fr_dump
         dump = read_fr_dump(sc.path)
-        rank, source = (sc.rank, "trace") if sc.rank is not None else (rank_from_name(sc.path), "file_name")
+        rank, source = (sc.rank, "trace") if sc.rank is not None else fr_rank(sc.path, rank_arg)
         if rank is None:
-            rank, source = rank_arg, "argument"
-        if rank is None:
-            raise TraceInputError(sc.path, "cannot tell the rank of this Flight Recorder dump: name it rank{R}.fr.json "
-                                           "(or nccl_trace_rank_{R}) or pass --rank")
+            raise TraceInputError(sc.path, "cannot tell the rank of this Flight Recorder dump: no rank{R}.manifest.json "
+                                           "lists it and its name has no number; pass --rank")
         tables = fr_tables(dump)
         counts = {"fr_entries": tables["fr_entries"].num_rows}
         skipped = {"fr.malformed_entries": dump.n_skipped} if dump.n_skipped else {}
@@ -147,6 +171,13 @@ def parse(sc: Sidecar, rank_arg: int | None, staging: Path) -> SidecarSummary:
         st.write_table(table.select(S.TABLES[name].column_names), out)
         staged[name] = str(out)
     return SidecarSummary(sc.kind, path, rank, source, counts, skipped, staged)
+
+
+def fr_rank(path: Path, rank_arg: int | None = None) -> tuple[int | None, str | None]:
+    """A Flight Recorder dump's rank: its dump holds none, so the collector's manifest beside it,
+    then ``--rank``, then the number in its name (``rank{R}.fr.json``, ``fr_rank_{R}``, ...)."""
+    from .sniff import rank_of
+    return rank_of(path, None, rank_arg, "flight_recorder")
 
 
 def parse_all(side: list[Sidecar], rank_arg: int | None, staging: Path, manifest: st.Manifest,

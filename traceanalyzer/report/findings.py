@@ -267,7 +267,9 @@ def _exposed(data: RunData, step_ns: float) -> list[Finding]:
           f"{ms(per['stall_ns'].median())}" + (f", all_to_all transfer lost to routing skew {ms(per['routing_ns'].median())}"
                                                 if per["routing_ns"].any() else "") + " (charged to those findings, not counted here)",
           f"compute available to hide it under: {ms(per['free_compute_ns'].median())} per step"]
-    if not ov.empty:
+    if not ov.empty and ov["overlap_pct"].isna().all():
+        ev.append("overlap with compute: unknown (an op timeline records no kernels)")
+    elif not ov.empty:
         lo = ov.loc[ov["overlap_pct"].astype(float).idxmin()] if ov["overlap_pct"].notna().any() else None
         ev.append(f"{ov['overlap_pct'].mean():.1f}% of communication overlapped with compute on average"
                   + (f" (lowest: rank {int(lo['rank'])}, {lo['overlap_pct']:.1f}%)" if lo is not None else ""))

@@ -86,6 +86,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="stage that sleeps --slow-ms in every micro-batch forward")
     p.add_argument("--dp", type=int, default=1,
                    help="pipeline replicas (data parallel); each runs a pipeline of world/dp ranks")
+    p.add_argument("--op-timeline", action="store_true",
+                   help="no profiler: the light collector's op timeline (OUT/RUN/op_timeline.parquet) of a "
+                        "written-out GPipe loop (see pipeline_timeline.py)")
 
 
 def stage_to_rank(n_stages: int, world: int) -> list[int]:
@@ -152,6 +155,11 @@ def run(args: argparse.Namespace) -> None:
     pp, dp = world // args.dp, args.dp
     replica, pp_rank = rank // pp, rank % pp
     pp_group, dp_group = _new_groups(world, dp, rank)
+    if args.op_timeline:
+        if args.schedule != "gpipe" or args.stages_per_rank != 1:
+            raise SystemExit("--op-timeline runs its own GPipe loop: use --schedule gpipe (one stage per rank)")
+        from traceanalyzer.workloads import pipeline_timeline
+        return pipeline_timeline.run(args, n_stages, pp_group, dp_group)
     placement = stage_to_rank(n_stages, pp)  # stage -> pipeline rank (global: + replica * pp)
     mine = [s for s in range(n_stages) if placement[s] == pp_rank]
     layers = {s: common.scaled(args.layers_per_stage,

@@ -23,15 +23,20 @@ FROM activity_segments GROUP BY ALL;
 
 -- Per rank over its whole window(s) (what HTA reports per rank): one sweep over all steps, so that
 -- communication of one step overlapped by compute of the next counts as overlapped.
--- Columns: run, rank, comm_ns, overlapped_ns, exposed_ns, overlap_pct.
+-- Columns: run, rank, comm_ns, overlapped_ns, exposed_ns, overlap_pct. overlap_pct is NULL (unknown)
+-- for ranks read from an op timeline (ranks.rank_source = 'op_timeline'): one timed span per op on
+-- one thread and no kernels, so how communication overlapped GPU work is not recorded.
 CREATE OR REPLACE TEMP VIEW overlap_ranks AS
 SELECT run, rank,
        coalesce(sum(dur_ns) FILTER (WHERE n_comm > 0), 0) AS comm_ns,
        coalesce(sum(dur_ns) FILTER (WHERE n_comm > 0 AND n_compute > 0), 0) AS overlapped_ns,
        coalesce(sum(dur_ns) FILTER (WHERE label = 'comm'), 0) AS exposed_ns,
+       CASE WHEN bool_or(o.op_timeline) THEN NULL ELSE
        100.0 * coalesce(sum(dur_ns) FILTER (WHERE n_comm > 0 AND n_compute > 0), 0)
-             / nullif(sum(dur_ns) FILTER (WHERE n_comm > 0), 0) AS overlap_pct
-FROM activity_window_segments GROUP BY run, rank;
+             / nullif(sum(dur_ns) FILTER (WHERE n_comm > 0), 0) END AS overlap_pct
+FROM activity_window_segments
+LEFT JOIN (SELECT DISTINCT run, rank, true AS op_timeline FROM ranks WHERE rank_source = 'op_timeline') o USING (run, rank)
+GROUP BY run, rank;
 
 -- Exposed communication intervals, all of them: consecutive exposed segments joined.
 -- Columns: run, rank, window_id, step, lo_ns, hi_ns, exposed_ns, rank_order (per run, largest first).

@@ -1,0 +1,253 @@
+"""Op timelines: one row per operation of every rank (Parquet or CSV), the cheap record that large
+Megatron-style jobs keep on all ranks, turned into the canonical tables.
+
+Columns (other names through ``column_map``, {ours: theirs}; a few aliases are known, see
+:data:`ALIASES`):
+
+| column | meaning |
+|---|---|
+| ``rank`` | global rank (required) |
+| ``dp``, ``pp``, ``vpp`` | data-parallel index, pipeline stage, virtual stage / model chunk (``pp`` and ``dp`` default 0) |
+| ``tp``, ``cp``, ``ep`` | tensor / context / expert parallel index (optional, default 0) |
+| ``step`` | training iteration (required): becomes ``steps`` and ``events.step`` |
+| ``op`` | op type, :data:`VOCABULARY` (required); unknown types are kept as compute under their name (counted) |
+| ``start``, ``duration`` | time of the op (required); unit from the column name (``start_us``, ``duration_ms`` ...), ``column_map['unit']``, else inferred from the magnitude of ``start`` (stated in ``ranks.trace_meta_json``) |
+| ``microbatch`` | micro-batch id (optional) |
+| ``seq`` | sequence id per (rank, step, op) (optional: else the order of start times) |
+
+Mapping: every op is an event on one CPU thread of its rank (tid 1): compute ops ``cpu_op``,
+communication ops ``comm_op`` plus one ``comms`` row each (dialect ``op_timeline``); each step's
+span is a ``ProfilerStep#N`` event (kind ``step``), as in a Kineto trace. Pipeline sends/receives are p2p whose
+peer is the rank with the next/previous stage (``vpp`` wraps from the last stage to the first, as
+in the interleaved schedule) and the same other coordinates; the p2p group is ``pp:dp{d}...``,
+``tag`` 0 for activations (forward), 1 for gradients. Collectives join across their group by
+(group, step, op, seq): ``pg_name`` is ``<group>:<op>`` and ``seq`` = step x :data:`SEQ_STRIDE` +
+the per-(rank, step, op) sequence id (``seq_source = 'op_timeline'``). Groups: ``tp-*`` ops the
+ranks differing only in ``tp``, ``cp-*`` in ``cp``, ``ep-*``/``*-all-to-all`` in ``ep``,
+``embedding-*`` the first and last stage of a pipeline, every other collective the data-parallel
+group (same ``pp``, ``tp``, ``cp``, ``ep``). There are no kernels: nothing here says how
+communication overlapped GPU work.
+"""
+from __future__ import annotations
+
+import logging
+import re
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ...errors import TraceInputError
+from . import tables
+from .tables import SEQ_STRIDE, SOURCE, TID, Grid  # noqa: F401 (documented here)
+
+log = logging.getLogger("traceanalyzer.ingest")
+
+REQUIRED = ("rank", "step", "op", "start", "duration")
+OPTIONAL = ("dp", "pp", "vpp", "tp", "cp", "ep", "microbatch", "seq")
+ALIASES = {"rank": ("global_rank",), "dp": ("dp_rank",), "pp": ("pp_rank", "stage", "pp_stage"),
+           "vpp": ("virtual_stage", "model_chunk", "chunk", "vpp_rank"), "tp": ("tp_rank",), "cp": ("cp_rank",),
+           "ep": ("ep_rank",), "step": ("iteration", "iter"), "op": ("op_type", "type", "name"),
+           "start": ("start_ts", "ts", "begin"), "duration": ("dur",),
+           "microbatch": ("micro_batch", "microbatch_id", "mb"), "seq": ("seq_id", "sequence_id")}
+#: The documented op types: (class, detail). Anything else ending in -all-reduce, -reduce-scatter,
+#: -all-gather or -all-to-all is a collective of that op; the rest is compute, kept under its name.
+VOCABULARY = {
+    "forward-compute": "compute", "backward-compute": "compute", "optimizer": "compute",
+    "data-load": "compute", "gc": "compute", "loss-compute": "compute",
+    "forward-send": "p2p", "forward-recv": "p2p", "backward-send": "p2p", "backward-recv": "p2p",
+    "grads-reduce-scatter": "collective", "grads-all-reduce": "collective", "params-all-gather": "collective",
+}
+_COLLECTIVE_SUFFIX = {"-all-reduce": "all_reduce", "-reduce-scatter": "reduce_scatter", "-all-gather": "all_gather",
+                      "-all-to-all": "all_to_all"}
+UNITS = {"ns": 1, "us": 1_000, "ms": 1_000_000, "s": 1_000_000_000}
+#: unit inference: epoch start values lie in [10^k, EPOCH_SPAN x 10^k) of their unit (2001-2100)
+#: and no op may last longer than MAX_OP_NS in the unit chosen
+EPOCH_SPAN = 4.1
+MAX_OP_NS = 3600 * 1_000_000_000
+
+
+def columns_match(cols, column_map: dict | None = None) -> list[str]:
+    """The required columns ``cols`` lacks (empty: it is an op timeline)."""
+    have = set(cols)
+    return [c for c in REQUIRED if _find(c, have, column_map or {}) is None]
+
+
+def _find(ours: str, have: set, column_map: dict) -> str | None:
+    if ours in column_map:
+        return column_map[ours] if column_map[ours] in have else None
+    for name in (ours, *ALIASES.get(ours, ())):
+        if name in have:
+            return name
+        for unit in UNITS:
+            if f"{name}_{unit}" in have and ours in ("start", "duration"):
+                return f"{name}_{unit}"
+    return None
+
+
+def parquet_columns(path) -> list[str] | None:
+    import pyarrow.parquet as pq
+    try:
+        return pq.read_schema(path).names
+    except Exception:
+        return None
+
+
+def is_op_timeline(path, column_map: dict | None = None) -> bool:
+    from ..sniff import sniff
+    return sniff(path, column_map)[0] == "op_timeline"
+
+
+def read_table(path: Path) -> pa.Table:
+    try:
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+        if magic == b"PAR1":
+            import pyarrow.parquet as pq
+            return pq.read_table(path)
+        import pyarrow.csv as pcsv
+        return pcsv.read_csv(path)
+    except OSError as exc:
+        raise TraceInputError(path, f"cannot read op timeline ({exc.strerror or exc})") from None
+    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+        raise TraceInputError(path, f"unreadable op timeline ({str(exc).splitlines()[0]})") from None
+
+
+def load(path, column_map: dict | None = None) -> list:
+    """One :class:`~traceanalyzer.ingest.kineto.build.RankTables` per rank of the timeline."""
+    from ..kineto.build import RankTables
+    path = Path(path)
+    column_map = dict(column_map or {})
+    t = read_table(path)
+    have = set(t.column_names)
+    missing = columns_match(t.column_names, column_map)
+    if missing:
+        raise TraceInputError(path, f"op timeline without column(s) {', '.join(missing)} (it has "
+                                    f"{', '.join(t.column_names[:12])}); name them with --column-map ours=theirs")
+    cols = {c: _find(c, have, column_map) for c in REQUIRED + OPTIONAL}
+    to_ns, unit, unit_source = _unit(path, t, cols, column_map.get("unit"))
+    n = t.num_rows
+    if n == 0:
+        raise TraceInputError(path, "empty op timeline (no rows)")
+
+    def ints(c, default=0):
+        name = cols[c]
+        if name is None:
+            return np.full(n, default, np.int64)
+        col = t.column(name)
+        if col.null_count:
+            raise TraceInputError(path, f"op timeline column {name!r} has {col.null_count} empty value(s)")
+        try:
+            return col.to_numpy().astype(np.int64)
+        except (ValueError, TypeError, pa.ArrowInvalid):
+            raise TraceInputError(path, f"op timeline column {name!r} is not integer ({col.type})") from None
+
+    def times(c):
+        col = t.column(cols[c])
+        if col.null_count or not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
+            raise TraceInputError(path, f"op timeline column {cols[c]!r} must be numbers without gaps ({col.type})")
+        v = col.to_numpy().astype(np.float64) * to_ns
+        return np.round(v).astype(np.int64)
+
+    rank, step = ints("rank"), ints("step")
+    coords = {c: ints(c) for c in ("dp", "pp", "vpp", "tp", "cp", "ep")}
+    mb = ints("microbatch", -1)
+    ts, dur = times("start"), times("duration")
+    if (dur < 0).any():
+        raise TraceInputError(path, f"op timeline has {int((dur < 0).sum())} negative duration(s)")
+    enc = pc.dictionary_encode(t.column(cols["op"]).cast(pa.string())).combine_chunks()
+    ops_u = [str(o) for o in enc.dictionary.to_pylist()]
+    code = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    seq = ints("seq", -1) if cols["seq"] else _order_seq(rank, step, code, ts)
+    grid = Grid(_grid(path, rank, coords))
+    unknown = {o for o in ops_u if _class(o) == "compute" and o not in VOCABULARY}
+    n_unknown = int(np.isin(code, [i for i, o in enumerate(ops_u) if o in unknown]).sum())
+    if n_unknown:
+        log.info("%s: %d op(s) of %d unknown type(s) kept as compute: %s", path, n_unknown, len(unknown),
+                 ", ".join(sorted(unknown)[:8]))
+    log.info("%s: op timeline times in %s (%s)", path, unit, unit_source)
+    meta = {"source": SOURCE, "time_unit": unit, "time_unit_source": unit_source, "step_source": "op_timeline",
+            "parallel": {k: int(v.max()) + 1 for k, v in coords.items()}, "kernels": False}
+    ranks = sorted(grid.of)
+    world = max(ranks) + 1
+    missing_ranks = sorted(set(range(world)) - set(ranks))
+    if missing_ranks:
+        from ..batch import format_ranges
+        raise TraceInputError(path, f"op timeline has no rows for rank(s) {format_ranges(missing_ranks)} of "
+                                    f"0-{world - 1}: every rank must be in the file")
+    order = np.lexsort((ts, rank))
+    cols_sorted = {"rank": rank, "step": step, "ts": ts, "dur": dur, "mb": mb, "seq": seq, "vpp": coords["vpp"],
+                   "code": code}
+    cols_sorted = {k: v[order] for k, v in cols_sorted.items()}
+    built = tables.build(path, grid, ops_u, [_class(o) for o in ops_u],
+                         [_coll_op(o) if _class(o) == "collective" else None for o in ops_u], cols_sorted, world, meta,
+                         np.array([o in unknown for o in ops_u], bool))
+    return [RankTables(r, SOURCE, t, start, end, skipped=Counter(sk)) for r, t, start, end, sk in built]
+
+
+def _unit(path, t, cols, given) -> tuple[int, str, str]:
+    for c in ("start", "duration"):
+        m = re.search(r"_(ns|us|ms|s)$", cols[c] or "")
+        if m and given is None:
+            return UNITS[m.group(1)], m.group(1), f"from the column name {cols[c]!r}"
+    if given is not None:
+        if given not in UNITS:
+            raise TraceInputError(path, f"unknown time unit {given!r} for the op timeline: use one of {', '.join(UNITS)}")
+        return UNITS[given], given, "given"
+    col = t.column(cols["start"])
+    if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
+        raise TraceInputError(path, f"op timeline column {cols['start']!r} must be numbers ({col.type})")
+    top = float(np.nanmax(np.abs(col.to_numpy().astype(np.float64)))) if len(col) else 0.0
+    dcol = t.column(cols["duration"])
+    longest = float(np.nanmax(dcol.to_numpy().astype(np.float64))) if len(dcol) and (
+        pa.types.is_integer(dcol.type) or pa.types.is_floating(dcol.type)) else 0.0
+    # epoch times (2001-2100) in a unit under which no op lasts more than MAX_OP_NS; a monotonic
+    # clock in ns can look like epoch ms (3.8e12 after an hour of uptime): its ops would last hours
+    for unit, lo in (("ns", 1e18), ("us", 1e15), ("ms", 1e12), ("s", 1e9)):
+        if lo <= top < EPOCH_SPAN * lo and longest * UNITS[unit] <= MAX_OP_NS:
+            return UNITS[unit], unit, f"inferred: start values look like epoch {unit}"
+    if pa.types.is_floating(col.type):
+        return UNITS["s"], "s", "inferred: fractional start values taken as seconds"
+    raise TraceInputError(path, "cannot tell the op timeline's time unit (integer times, not epoch-sized): "
+                                "name the columns start_us/duration_us (ns, us, ms, s) or pass --column-map unit=us")
+
+
+def _order_seq(rank, step, code, ts) -> np.ndarray:
+    """Sequence id per (rank, step, op) in start order (when the file has none)."""
+    order = np.lexsort((ts, code, step, rank))
+    seq = np.empty(len(rank), np.int64)
+    seq[order] = pd.DataFrame({"r": rank[order], "s": step[order], "c": code[order]}).groupby(
+        ["r", "s", "c"], sort=False).cumcount().to_numpy()
+    return seq
+
+
+def _grid(path, rank, coords) -> dict[int, tuple]:
+    """rank -> (dp, pp, vpp-free coordinates); one set of coordinates per rank."""
+    keys = np.stack([rank] + [coords[c] for c in ("dp", "pp", "tp", "cp", "ep")], axis=1)
+    uniq = np.unique(keys, axis=0)
+    grid: dict[int, tuple] = {}
+    for row in uniq:
+        r = int(row[0])
+        if r in grid:
+            raise TraceInputError(path, f"rank {r} has two sets of parallel coordinates (dp, pp, tp, cp, ep): "
+                                        f"{grid[r]} and {tuple(int(x) for x in row[1:])}")
+        grid[r] = tuple(int(x) for x in row[1:])
+    by_coord = {}
+    for r, c in grid.items():
+        if c in by_coord:
+            raise TraceInputError(path, f"ranks {by_coord[c]} and {r} have the same coordinates (dp, pp, tp, cp, ep) {c}")
+        by_coord[c] = r
+    return grid
+
+
+def _class(op: str) -> str:
+    if op in VOCABULARY:
+        return VOCABULARY[op]
+    return "collective" if op.endswith(tuple(_COLLECTIVE_SUFFIX)) else "compute"
+
+
+def _coll_op(op: str) -> str:
+    return next(v for k, v in _COLLECTIVE_SUFFIX.items() if op.endswith(k))

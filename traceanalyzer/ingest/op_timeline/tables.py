@@ -1,0 +1,220 @@
+"""The canonical tables of a whole op timeline, built column-wise (numpy/Arrow, no per-row Python
+objects but the ``args_json`` text), then sliced per rank. See the package docstring for the
+mapping; :class:`Grid` holds the parallel coordinates."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from ... import schema as S
+
+SOURCE = "op_timeline"
+TID = 1
+SEQ_STRIDE = 100_000
+_DIMS = ("dp", "pp", "tp", "cp", "ep")
+#: group kind -> the coordinates its members share (positions in (dp, pp, tp, cp, ep))
+_SHARED = {"tp": (0, 1, 3, 4), "cp": (0, 1, 2, 4), "ep": (0, 1, 2, 3), "dp": (1, 2, 3, 4), "pp": (0, 2, 3, 4)}
+
+
+class Grid:
+    """The ranks' parallel coordinates (dp, pp, tp, cp, ep), indexed for O(1) peer and group look-ups."""
+
+    def __init__(self, coords: dict[int, tuple]):
+        self.of = coords
+        self.rank_at = {c: r for r, c in coords.items()}
+        self.n_pp = 1 + max(c[1] for c in coords.values())
+        self.members: dict[tuple, list[int]] = {}
+        for r in sorted(coords):
+            for kind, dims in _SHARED.items():
+                self.members.setdefault((kind, tuple(coords[r][i] for i in dims)), []).append(r)
+
+    def group(self, op: str, r: int) -> tuple[str, list[int]]:
+        """(group name, member global ranks) of collective ``op`` on rank ``r``: ``tp-*`` over tp,
+        ``cp-*`` over cp, ``ep-*``/``*-all-to-all`` over ep, ``embedding-*`` the first and last
+        stage of the pipeline, ``pp`` the pipeline, anything else the data-parallel group."""
+        me = self.of[r]
+        kind = ("tp" if op.startswith("tp-") else "cp" if op.startswith("cp-") else
+                "ep" if op.startswith("ep-") or op.endswith("-all-to-all") else
+                "emb" if op.startswith("embedding-") else "pp" if op == "pipeline" else "dp")
+        dims = _SHARED["pp" if kind == "emb" else kind]
+        key = tuple(me[i] for i in dims)
+        members = self.members[("pp" if kind == "emb" else kind, key)]
+        if kind == "emb":
+            members = [m for m in members if self.of[m][1] in (0, self.n_pp - 1)]
+        return f"{kind}:" + "-".join(f"{_DIMS[i]}{v}" for i, v in zip(dims, key)), members
+
+    def peer(self, op: str, r: int) -> int | None:
+        """The other end of a pipeline send/recv: the next stage for forward-send and
+        backward-recv, the previous one for forward-recv and backward-send (wrapping: interleaved
+        chunks)."""
+        dp, pp, tp, cp, ep = self.of[r]
+        step = 1 if op in ("forward-send", "backward-recv") else -1
+        return self.rank_at.get((dp, (pp + step) % self.n_pp, tp, cp, ep))
+
+
+def _nulls(n: int, name: str, table: S.Table) -> pa.Array:
+    return pa.nulls(n, table.arrow_schema.field(name).type)
+
+
+def build(path, grid: Grid, ops_u: list[str], classes: list[str], coll_ops: list[str | None], a: dict,
+          world: int, meta: dict, unknown_code: np.ndarray) -> list[tuple[int, dict, int, int, dict]]:
+    """Per rank (ascending): (rank, tables, start_ts_ns, end_ts_ns, skipped). ``a`` holds the
+    file's columns as numpy arrays sorted by (rank, start): rank, step, ts, dur, mb, seq, vpp,
+    code (index into ``ops_u``)."""
+    rank, step, ts, dur, code = a["rank"], a["step"], a["ts"], a["dur"], a["code"]
+    n = len(rank)
+    cls = np.asarray(classes, dtype=object)[code]
+    is_comp = cls == "compute"
+    # steps per (rank, step): the ProfilerStep#N spans
+    st = (pd.DataFrame({"rank": rank, "step": step, "lo": ts, "hi": ts + dur})
+          .groupby(["rank", "step"], sort=True).agg(lo=("lo", "min"), hi=("hi", "max")).reset_index())
+    m = len(st)
+    # events: step spans first at equal start, then ops in start order, per rank
+    e_rank = np.concatenate([st["rank"].to_numpy(), rank])
+    e_ts = np.concatenate([st["lo"].to_numpy(), ts])
+    e_flag = np.concatenate([np.zeros(m, np.int8), np.ones(n, np.int8)])
+    order = np.lexsort((e_flag, e_ts, e_rank))
+    e_rank, e_ts = e_rank[order], e_ts[order]
+    starts = np.searchsorted(e_rank, e_rank, "left")
+    eid = np.arange(n + m) - starts
+    pos = np.empty(n + m, np.int64)
+    pos[order] = np.arange(n + m)
+    op_eid = eid[pos[m:]]
+    names = np.concatenate([np.array([f"ProfilerStep#{s}" for s in st["step"]], dtype=object),
+                            np.asarray(ops_u, dtype=object)[code]])[order]
+    kinds = np.concatenate([np.full(m, "step", dtype=object), np.where(is_comp, "cpu_op", "comm_op")])[order]
+    cats = np.concatenate([np.full(m, "user_annotation", dtype=object), np.full(n, "cpu_op", dtype=object)])[order]
+    durs = np.concatenate([(st["hi"] - st["lo"]).to_numpy(), dur])[order]
+    steps_e = np.concatenate([st["step"].to_numpy(), step])[order]
+    args = np.concatenate([np.full(m, "{}", dtype=object), np.array(
+        [f'{{"microbatch":{"null" if b < 0 else b},"seq":{s},"vpp":{v}}}'
+         for b, s, v in zip(a["mb"].tolist(), a["seq"].tolist(), a["vpp"].tolist())], dtype=object)])[order]
+    N = n + m
+    events = pa.table({
+        "event_id": pa.array(eid, pa.int64()), "ph": pa.array(np.full(N, "X", dtype=object), pa.string()),
+        "cat": pa.array(cats, pa.string()), "kind": pa.array(kinds, pa.string()), "name": pa.array(names, pa.string()),
+        "ts_ns": pa.array(e_ts, pa.int64()), "dur_ns": pa.array(durs, pa.int64()), "pid": pa.array(e_rank, pa.int64()),
+        "tid": pa.array(np.full(N, TID), pa.int64()), "is_gpu": pa.array(np.zeros(N, bool)),
+        "device": _nulls(N, "device", S.EVENTS), "stream": _nulls(N, "stream", S.EVENTS),
+        "correlation": _nulls(N, "correlation", S.EVENTS), "external_id": _nulls(N, "external_id", S.EVENTS),
+        "step": pa.array(steps_e, pa.int32()), "nested": pa.array(np.zeros(N, bool)),
+        "args_json": pa.array(args, pa.string())}, schema=S.EVENTS.arrow_schema)
+    comms, pgs_of = _comms(grid, ops_u, classes, coll_ops, a, ~is_comp, op_eid)
+    # per rank
+    e_bounds = np.searchsorted(e_rank, np.arange(world + 1))
+    c_rank = comms.column("rank_").to_numpy() if comms.num_rows else np.zeros(0, np.int64)
+    c_bounds = np.searchsorted(c_rank, np.arange(world + 1))
+    comms = comms.drop_columns(["rank_"])
+    s_bounds = np.searchsorted(st["rank"].to_numpy(), np.arange(world + 1))
+    unknown_by_rank = np.bincount(rank[unknown_code[code]], minlength=world) if unknown_code.any() else np.zeros(world, int)
+    out = []
+    for r in range(world):
+        ev = events.slice(e_bounds[r], e_bounds[r + 1] - e_bounds[r])
+        cm = comms.slice(c_bounds[r], c_bounds[r + 1] - c_bounds[r])
+        cm = cm.set_column(0, "comm_id", pa.array(np.arange(cm.num_rows), pa.int64()))
+        s = st.iloc[s_bounds[r]:s_bounds[r + 1]]
+        steps = pa.table({"step": pa.array(s["step"].to_numpy(), pa.int32()),
+                          "start_ts_ns": pa.array(s["lo"].to_numpy(), pa.int64()),
+                          "end_ts_ns": pa.array(s["hi"].to_numpy(), pa.int64()),
+                          "dur_ns": pa.array((s["hi"] - s["lo"]).to_numpy(), pa.int64())}, schema=S.STEPS.arrow_schema)
+        start, end = int(s["lo"].min()), int(s["hi"].max())
+        skipped = {}
+        if unknown_by_rank[r]:
+            skipped["op_timeline.unknown_op_types_kept_as_compute"] = int(unknown_by_rank[r])
+        n_nopeer = int(pc.sum(pc.and_(cm["is_p2p"], pc.is_null(cm["peer_rank"]))).as_py() or 0) if cm.num_rows else 0
+        if n_nopeer:
+            skipped["op_timeline.p2p_without_peer"] = n_nopeer
+        pgs = pa.Table.from_pylist([{"pg_name": name, "pg_desc": desc, "backend_config": SOURCE, "pg_size": len(members),
+                                     "pg_ranks": members} for name, desc, members in sorted(pgs_of.get(r, []))],
+                                   schema=S.PROCESS_GROUPS.arrow_schema)
+        threads = pa.Table.from_pylist([{"pid": r, "tid": TID, "is_gpu": False, "name": "op timeline",
+                                         "n_events": ev.num_rows}], schema=S.THREADS.arrow_schema)
+        rank_meta = dict(meta, coordinates=dict(zip(_DIMS, grid.of[r])))
+        ranks = pa.Table.from_pylist([{
+            "trace_file": str(path.resolve()), "host": "", "pid": r, "world_size": world, "backend": None,
+            "device": None, "rank_source": SOURCE, "base_time_ns": 0, "start_ts_ns": start, "end_ts_ns": end,
+            "clock_offset_ns": 0, "n_events": ev.num_rows, "n_skipped": sum(skipped.values()),
+            "skipped_json": json.dumps(skipped, sort_keys=True), "distributed_info_json": "{}",
+            "trace_meta_json": json.dumps(rank_meta, sort_keys=True)}], schema=S.RANKS.arrow_schema)
+        tables = {"ranks": ranks, "process_groups": pgs, "threads": threads, "events": ev,
+                  "flows": S.FLOWS.arrow_schema.empty_table(), "steps": steps, "comms": cm}
+        out.append((r, tables, start, end, skipped))
+    return out
+
+
+def _comms(grid: Grid, ops_u, classes, coll_ops, a: dict, is_comm: np.ndarray, op_eid: np.ndarray):
+    """The comms rows (sorted by rank, start; a helper column rank_) and per rank its groups."""
+    idx = np.flatnonzero(is_comm)
+    k = len(idx)
+    rank, code = a["rank"][idx], a["code"][idx]
+    ts, dur, step = a["ts"][idx], a["dur"][idx], a["step"][idx]
+    cls = np.asarray(classes, dtype=object)[code]
+    p2p = cls == "p2p"
+    send = np.array([ops_u[c].endswith("-send") for c in range(len(ops_u))], bool)[code] & p2p
+    # group of each (rank, op) pair: name, members; one entry per distinct group in a list array
+    pair = rank * len(ops_u) + code
+    uniq_pairs, inv = np.unique(pair, return_inverse=True)
+    names, descs, members, peers = [], [], [], []
+    group_index: dict[str, int] = {}
+    pgs_of: dict[int, set] = {}
+    gidx = np.empty(len(uniq_pairs), np.int64)
+    for j, pr in enumerate(uniq_pairs.tolist()):
+        r, c = divmod(pr, len(ops_u))
+        op = ops_u[c]
+        if classes[c] == "p2p":
+            name, mem = grid.group("pipeline", r)
+            desc, peer = "pipeline", grid.peer(op, r)
+        else:
+            name, mem = grid.group(op, r)
+            name, desc, peer = f"{name}:{op}", op, None
+        if name not in group_index:
+            group_index[name] = len(names)
+            names.append(name)
+            descs.append(desc)
+            members.append(mem)
+        gidx[j] = group_index[name]
+        peers.append(-1 if peer is None else peer)
+        pgs_of.setdefault(r, set()).add((name, desc, tuple(mem)))
+    g = gidx[inv]
+    peer = np.asarray(peers, np.int64)[inv] if k else np.zeros(0, np.int64)
+    has_peer = p2p & (peer >= 0)
+    src = np.where(send, rank, peer)
+    dst = np.where(send, peer, rank)
+    tag = np.where(np.array([ops_u[c].startswith("forward") for c in range(len(ops_u))], bool)[code], 0, 1)
+    tag = np.where(p2p, tag, -1)  # keeps collectives out of the p2p numbering below
+    p2p_seq = (pd.DataFrame({"r": rank, "s": src, "d": dst, "t": tag}).groupby(["r", "s", "d", "t"]).cumcount()
+               .to_numpy())
+    sizes = np.array([len(x) for x in members], np.int32)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    member_lists = pa.ListArray.from_arrays(pa.array(offsets), pa.array([x for mem in members for x in mem], pa.int32()))
+    cop = np.array(["send" if s else "recv" for s in send[p2p]], dtype=object) if k else np.zeros(0, object)
+    op_col = np.asarray([c or "" for c in coll_ops], dtype=object)[code]
+    op_col[p2p] = cop
+    i64 = lambda v, mask=None: pa.array(v, pa.int64(), mask=mask)  # noqa: E731
+    i32 = lambda v, mask=None: pa.array(v, pa.int32(), mask=mask)  # noqa: E731
+    cols = {
+        "comm_id": pa.array(np.zeros(k), pa.int64()), "dialect": pa.array(np.full(k, SOURCE, dtype=object), pa.string()),
+        "op": pa.array(op_col, pa.string()), "is_p2p": pa.array(p2p), "pg_name": pa.array(np.asarray(names, dtype=object)[g]
+                                                                                             if k else [], pa.string()),
+        "pg_desc": pa.array(np.asarray(descs, dtype=object)[g] if k else [], pa.string()),
+        "pg_ranks": member_lists.take(pa.array(g)) if k else pa.array([], pa.list_(pa.int32())),
+        "group_size": i32(sizes[g] if k else []), "pg_source": pa.array(np.full(k, SOURCE, dtype=object), pa.string()),
+        "pg_inferred": pa.array(np.zeros(k, bool)),
+        "seq": i64(step * SEQ_STRIDE + a["seq"][idx], mask=p2p), "seq_source": pa.array(
+            np.where(p2p, None, SOURCE), pa.string()),
+        "p2p_seq": i64(p2p_seq, mask=~p2p), "src_rank": i32(src, mask=~p2p | (~send & ~has_peer)),
+        "dst_rank": i32(dst, mask=~p2p | (send & ~has_peer)), "peer_rank": i32(peer, mask=~has_peer),
+        "tag": i64(tag, mask=~p2p),
+        "enqueue_event_id": i64(op_eid[idx]), "enqueue_ts_ns": i64(ts), "enqueue_dur_ns": i64(dur),
+        "enqueue_tid": i64(np.full(k, TID)), "exec_event_id": i64(op_eid[idx]),
+        "exec_name": pa.array(np.asarray(ops_u, dtype=object)[code] if k else [], pa.string()),
+        "start_ts_ns": i64(ts), "end_ts_ns": i64(ts + dur), "dur_ns": i64(dur), "exec_tid": i64(np.full(k, TID)),
+        "on_gpu": pa.array(np.zeros(k, bool)), "step": i32(step)}
+    fields = {f.name: f for f in S.COMMS.arrow_schema}
+    arrays = [cols[name] if name in cols else pa.nulls(k, fields[name].type) for name in fields]
+    table = pa.Table.from_arrays(arrays, schema=S.COMMS.arrow_schema).append_column("rank_", pa.array(rank, pa.int64()))
+    return table, {r: sorted((n, d, list(mm)) for n, d, mm in v) for r, v in pgs_of.items()}
