@@ -46,6 +46,8 @@ class TraceSummary:
     skipped: dict[str, int]
     staged: dict[str, str]  # table -> staged parquet path
     window: int = -1
+    #: world size, backend, process-group layout, host and pid (:func:`.consistency.job_of`)
+    job: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -114,6 +116,8 @@ def find_traces(paths: Iterable[str | os.PathLike], allow_empty: bool = False) -
             found += sorted(f for f in p.rglob("*") if f.is_file() and f.name.endswith(_TRACE_SUFFIXES)
                             and not f.name.endswith((".fr.json", "manifest.json")) and not is_fr_name(f))
         elif p.exists():
+            if not p.is_file():  # a FIFO would block the reader forever
+                raise TraceInputError(p, "not a regular file (a FIFO, socket or device): only regular files are read")
             found.append(p)
         else:
             raise TraceInputError(p, "no such file or folder")
@@ -128,6 +132,7 @@ def _parse_one(path: str, rank_arg: int | None, staging: str) -> tuple:
     from .flight_recorder import read_fr_json, sidecar_path
     from .kineto.build import build_tables
     from .kineto.reader import read_trace
+    from .consistency import job_of
     from .sidecars import check_rank_manifest
     try:
         trace = read_trace(path)
@@ -148,11 +153,14 @@ def _parse_one(path: str, rank_arg: int | None, staging: str) -> tuple:
             staged[name] = str(out)
         counts = {name: table.num_rows for name, table in t.items()}
         return ("ok", TraceSummary(str(Path(path).resolve()), built.rank, built.rank_source, built.start_ts_ns,
-                                   built.end_ts_ns, counts, dict(built.skipped), staged))
+                                   built.end_ts_ns, counts, dict(built.skipped), staged, job=job_of(t)))
     except TraceInputError as exc:
         return ("error", exc.path, exc.problem)
     except MemoryError:
         return ("error", path, "out of memory while parsing")
+    except RecursionError:
+        from .kineto.reader import TOO_DEEP
+        return ("error", path, TOO_DEEP)
     except Exception as exc:  # a bug of ours: say so, keep the traceback for --debug
         return ("error", path, f"internal error while parsing ({type(exc).__name__}: {exc})", traceback.format_exc())
 
@@ -190,7 +198,7 @@ def ingest(paths, store, run: str | None = None, rank: int | None = None, worker
     with a one-line message; the store is then unchanged.
     """
     t0 = time.perf_counter()
-    from . import p2p_groups, sidecars
+    from . import consistency, p2p_groups, sidecars
     paths = [Path(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
     nccl_logs = [Path(p) for p in ([nccl_logs] if isinstance(nccl_logs, (str, os.PathLike)) else nccl_logs)]
     if not paths and not nccl_logs:
@@ -216,6 +224,7 @@ def ingest(paths, store, run: str | None = None, rank: int | None = None, worker
                                                    skip={(x.kind, x.path) for x in side_done})
             side_done, already = side_done + more, already + already_too
             sidecars.check_unique(side_done, manifest, run)
+            consistency.check_run(store, manifest, run, summaries)  # one job per run, one process per rank
             _assign_windows(summaries, manifest, run)
             _commit(store, manifest, run, summaries, side_done)
         finally:
@@ -295,7 +304,8 @@ def _commit(store: Path, manifest: st.Manifest, run: str, summaries: list[TraceS
             os.replace(staged, store / rel)
             files[table] = rel
         manifest.traces.append({"run": run, "rank": s.rank, "window_id": s.window, "trace_file": s.path,
-                                "start_ts_ns": s.start_ts_ns, "end_ts_ns": s.end_ts_ns, "files": files})
+                                "start_ts_ns": s.start_ts_ns, "end_ts_ns": s.end_ts_ns, "files": files,
+                                **({"job": s.job} if s.job else {})})
     from .sidecars import commit as commit_sidecars
     commit_sidecars(store, manifest, run, list(side), gen)
     st.write_manifest(store, manifest)

@@ -34,6 +34,7 @@ import pyarrow as pa
 
 from .. import schema as S
 from ..errors import TraceInputError
+from .kineto.validate import INT64_MAX, INT64_MIN, OutOfRange
 from .safe_pickle import load_plain
 
 #: File names of FR dumps: the collector's, a pickle beside it, and torch's own default
@@ -85,10 +86,8 @@ def is_fr_name(path: str | Path) -> bool:
 def read_fr_dump(path: str | Path) -> FrDump:
     """Read a JSON or pickle FR dump; one-line :class:`TraceInputError` naming the file otherwise."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise TraceInputError(path, f"cannot read Flight Recorder dump ({exc.strerror or exc})") from None
+    from .kineto.gunzip import read_bounded  # bounded, refuses FIFOs
+    data = bytes(read_bounded(path, "Flight Recorder dump"))
     if not data.strip():
         raise TraceInputError(path, "empty Flight Recorder dump")
     if data[:1] == b"\x80" or path.suffix in _PICKLE_SUFFIXES:
@@ -111,18 +110,27 @@ def normalise_dump(doc: Any, path: str | Path, fmt: str) -> FrDump:
     if not isinstance(raw_entries, list):
         raise TraceInputError(path, "not a Flight Recorder dump ('entries' is not a list)")
     entries, skipped = [], 0
-    for raw in raw_entries:
-        e = _entry(raw)
+    for i, raw in enumerate(raw_entries):
+        try:
+            e = _entry(raw)
+        except OutOfRange as exc:
+            field = next((k for k, v in raw.items() if _out_of_range(v)), None)
+            raise TraceInputError(path, f"entry {i}: " + (f"{field} {_clip(raw.get(field))} is outside the int64 range "
+                                        "of its column" if field else str(exc))) from None
         if e is None:
             skipped += 1
         else:
             entries.append(e)
+    try:
+        pg_status = _pg_status(doc.get("pg_status"))
+    except OutOfRange:
+        raise TraceInputError(path, "pg_status holds a number outside the int64 range") from None
     pg_config, usable = _pg_config(doc.get("pg_config"))
     names = {e["profiling_name"].split(":")[0] for e in entries if ":" in e["profiling_name"]}
     backend = "nccl" if "nccl" in names else ("gloo" if "gloo" in names else (next(iter(names)) if names else None))
     state = doc.get("nccl_comm_state")
     return FrDump(str(Path(path).resolve()), fmt, _str(doc.get("version")), _str(doc.get("comm_lib_version")) or "",
-                  pg_config, usable, _pg_status(doc.get("pg_status")), state if state else None, entries, skipped,
+                  pg_config, usable, pg_status, state if state else None, entries, skipped,
                   backend)
 
 
@@ -130,6 +138,10 @@ def _entry(raw: Any) -> dict | None:
     """A normalised entry, or None when it lacks what identifies it (group and sequence id)."""
     if not isinstance(raw, dict):
         return None
+    for key in ("input_sizes", "output_sizes"):
+        if _out_of_range(raw.get(key)):
+            raise OutOfRange(key, raw.get(key))
+        _numel(raw.get(key))
     pg = raw.get("process_group")
     seq = _int(raw.get("collective_seq_id"))
     if not isinstance(pg, list) or not pg or seq is None:
@@ -185,12 +197,28 @@ def _pg_status(raw: Any) -> dict[str, dict[str, int]]:
 
 
 def _int(value: Any) -> int | None:
+    """An int64 (None when missing or not a number; :class:`OutOfRange` beyond int64)."""
     if value is None or isinstance(value, bool):
         return None
     try:
-        return int(value)
-    except (TypeError, ValueError):
+        v = int(value)
+    except (TypeError, ValueError, OverflowError):
         return None
+    if not INT64_MIN <= v <= INT64_MAX:
+        raise OutOfRange("integer", value)
+    return v
+
+
+def _out_of_range(value: Any) -> bool:
+    """Does this field (or a number nested in it, e.g. input_sizes) leave int64?"""
+    if isinstance(value, list):
+        return any(_out_of_range(v) for v in value)
+    return isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX
+
+
+def _clip(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _str(value: Any) -> str | None:
@@ -208,6 +236,8 @@ def _numel(sizes: Any) -> int | None:
         for d in shape:
             n *= d
         total += n
+    if not INT64_MIN <= total <= INT64_MAX:
+        raise OutOfRange("input/output element count", total)
     return total
 
 
