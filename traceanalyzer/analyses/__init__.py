@@ -49,8 +49,9 @@ def prepare(con, modules=None, **params) -> Any:
         from ..errors import TraceAnalyzerError
         raise TraceAnalyzerError(f"unknown analysis parameter(s): {', '.join(sorted(unknown))}; "
                                  f"known: {', '.join(PARAMETERS)}")
+    from .params import check_parameter
     for key, (default, _) in PARAMETERS.items():
-        value = params.get(key, default)
+        value = check_parameter(key, params.get(key, default), default)
         con.execute(f"SET VARIABLE {key} = ?", [value])
     for name in MODULES:
         if modules is None or name in modules:

@@ -8,10 +8,11 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
+import warnings
 
 from .. import __version__
 from .. import schema as S
-from ..errors import TraceAnalyzerError
+from ..errors import StoreWarning, TraceAnalyzerError
 
 
 def _cmd_ingest(args) -> int:
@@ -189,6 +190,20 @@ def _cmd_replay(args) -> int:
     return 0
 
 
+def _cmd_rm(args) -> int:
+    from ..store.check import remove_run
+    n = remove_run(args.store, args.run)
+    print(f"removed run '{args.run}' ({n} trace(s) and per-process inputs) from {args.store}")
+    return 0
+
+
+def _cmd_check(args) -> int:
+    from ..store.check import check_store
+    report = check_store(args.store, repair=args.repair)
+    print(report.text())
+    return 0 if report.ok or report.repaired else 1
+
+
 def _cmd_demo(args) -> int:
     from .demo import demo
     return demo(args.store, record=args.record)
@@ -302,6 +317,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--straggler-metrics", action="store_true", help="also print T, T_ideal, S, waste and S_w per rank")
     s.set_defaults(func=_cmd_replay)
 
+    s = sub.add_parser("rm", help="remove a run (its traces, inputs and saved results) from a store, atomically")
+    s.add_argument("store")
+    s.add_argument("--run", required=True, help="the run to remove")
+    s.set_defaults(func=_cmd_rm)
+
+    s = sub.add_parser("check", help="check a store: missing or truncated files (damaged runs), leftovers of "
+                                     "interrupted writes; exit 1 when something is wrong")
+    s.add_argument("store")
+    s.add_argument("--repair", action="store_true", help="remove the damaged runs' listings and the leftovers")
+    s.set_defaults(func=_cmd_check)
+
     s = sub.add_parser("demo", help="the main job: record (or use shipped) real gloo traces, ingest, summarise")
     s.add_argument("--store", default="store", help="store folder (default: ./store)")
     s.add_argument("--record", action="store_true", help="record a fresh 2-rank gloo DDP run with torchrun (needs torch)")
@@ -311,6 +337,20 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    with warnings.catch_warnings():  # our warnings as one line each (restored on return)
+        warnings.simplefilter("default", StoreWarning)
+        warnings.showwarning = _show_warning
+        return _run(args)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    if issubclass(category, StoreWarning):
+        print(f"traceanalyzer: warning: {message}", file=sys.stderr)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+def _run(args) -> int:
     try:
         return args.func(args)
     except TraceAnalyzerError as exc:
