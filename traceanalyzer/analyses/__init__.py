@@ -21,7 +21,11 @@ MODULES = ("clock_offsets", "step_alignment", "collectives", "p2p", "phases", "a
 
 #: Named parameters of the SQL modules: name -> (default, meaning). Units are in the names.
 PARAMETERS: dict[str, tuple[Any, str]] = {
-    "align_clocks": ("auto", "apply estimated clock offsets: 'auto' (only when the run spans several hosts), 'always', 'never'"),
+    "align_clocks": ("auto", "apply estimated clock offsets: 'auto' (when evident: several hosts, or an offset >= "
+                             "clock_offset_evident_ns), 'always', 'never'"),
+    # on one host the estimate is how far apart ranks leave collectives: at most 4.6 ms over the shipped
+    # runs (a desync run); a shifted trace's clock is off by seconds or hours
+    "clock_offset_evident_ns": (100_000_000, "align_clocks=auto applies the offsets on one host when one is at least this"),
     # 10 %: the OSDI'25 what-if study calls a job straggling when its slowdown S >= 1.1
     "straggler_min_delay_pct": (10.0, "a straggler costs its peers at least this % of the median step time per step"),
     "straggler_min_delay_ns": (1_000_000, "... and at least this many ns per step"),

@@ -37,7 +37,12 @@ def info(store: str | os.PathLike) -> pd.DataFrame:
     """One row per (run, rank): windows, steps, events, kernels, collectives, bytes, time span."""
     con = open_store(store)
     try:
-        return con.sql(_PER_RANK).df()
+        df = con.sql(_PER_RANK).df()
+        from . import prepare
+        prepare(con, modules=("clock_offsets",))  # what the analyses do with each rank's clock
+        off = con.sql("SELECT run, rank, estimated_offset_ns, applied AS clock_offset_applied, offset_ns AS clock_offset_ns "
+                      "FROM clock_offsets").df()
+        return df.merge(off, on=["run", "rank"], how="left")
     finally:
         con.close()
 
@@ -55,6 +60,11 @@ def format_info(df: pd.DataFrame, store: str) -> str:
         cols = ["rank", "windows", "steps", "first_step", "last_step", "median_step_ms", "events", "kernels",
                 "collectives", "p2p", "comm_bytes", "skipped"]
         lines.append(g[cols].astype({"skipped": "int64", "comm_bytes": "int64"}).to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+        if "clock_offset_ns" in g:
+            from .clocks import clock_note
+            offs = g[g["estimated_offset_ns"].notna()].rename(columns={"clock_offset_applied": "applied",
+                                                                        "clock_offset_ns": "offset_ns"})
+            lines.append(clock_note(offs, g["median_step_ms"].median() * 1e6, g["host"].nunique()))
     return "\n".join(lines)
 
 

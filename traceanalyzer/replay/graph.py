@@ -95,6 +95,10 @@ def build_graph(store_or_con, run: str | None = None) -> Graph:
     # big store, so a pipeline binds only PIPELINE_VIEWS, and a connection that has them is used as it is
     have = {v for (v,) in con.execute("SELECT view_name FROM duckdb_views() WHERE temporary").fetchall()}
     if not {"clock_offsets", "clock_alignment"} <= have:
+        from ..analyses import PARAMETERS
+        for key in ("align_clocks", "clock_offset_evident_ns"):  # defaults where no analysis set them
+            if con.execute("SELECT getvariable(?)", [key]).fetchone()[0] is None:
+                con.execute(f"SET VARIABLE {key} = ?", [PARAMETERS[key][0]])
         con.execute(_sql("clock_offsets"))
     run = resolve_run(con, run, "replay")
     g = _Builder(con, run).build()

@@ -50,7 +50,7 @@ def _saved(store: Path) -> dict:
 #: is the costliest analysis and the findings do not depend on it.
 REQUIRED = ("phases", "temporal_breakdown", "stragglers", "imbalance", "imbalance_ops", "all_to_all_balance",
             "collectives", "overlap", "exposed_comm", "kernel_breakdown", "pipeline_shape", "pipeline_bubbles",
-            "pipeline_slow_stages")
+            "pipeline_slow_stages", "clock_offsets")
 
 
 def missing_results(store: str | os.PathLike, runs: list[str]) -> dict[str, list[str]]:

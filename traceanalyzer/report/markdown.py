@@ -37,6 +37,8 @@ def _run(rr: RunReport, fig_dir: Path | None, fig_rel: str) -> list[str]:
     out = [f"## Run {md(rr.run)}", "",
            f"{len(s['ranks'])} ranks, backend {md(s['backend'])}, {len(s['steps'])} steps, median step "
            f"{rr.metrics.get('step_ms') or 0:.2f} ms.", ""]
+    if s.get("clocks"):
+        out += [md(s["clocks"][0].upper() + s["clocks"][1:]) + ".", ""]
     if s["pipeline"]:
         p = s["pipeline"]
         out += [f"Pipeline: {p['stages']} stages x {p['stages_per_rank']}, {p['microbatches']:g} micro-batches, "
