@@ -16,42 +16,47 @@
 -- Columns: run, rank, estimated_offset_ns, n_collectives, applied (bool), offset_ns (applied
 -- value: estimated_offset_ns or 0).
 --
--- clock_alignment: one row per run: applied, why ('several hosts', 'evident offset',
+-- clock_alignment: one row per run with estimates: applied, why ('several hosts', 'evident offset',
 -- 'align_clocks=always', or NULL when not applied), n_hosts, max_abs_offset_ns (the largest
 -- estimate), median_step_ns, and absurd (an applied offset longer than the median step: the
 -- clocks were off by more than a step, a damaged or hand-edited trace; info and the report say it).
-CREATE OR REPLACE TEMP VIEW clock_offset_estimates AS
+-- One view does the work (_clock_decisions) and the two public ones read it: every analysis
+-- view that adds offsets binds this chain once (a chain of views that each re-read the estimates
+-- made binding the analyses five times slower).
+CREATE OR REPLACE TEMP VIEW _clock_decisions AS
 WITH ends AS (
     SELECT run, coalesce(pg_name, '?') AS pg, seq, rank, end_ts_ns,
            median(end_ts_ns) OVER (PARTITION BY run, coalesce(pg_name, '?'), seq) AS median_end,
            count(*) OVER (PARTITION BY run, coalesce(pg_name, '?'), seq) AS n
-    FROM comms WHERE NOT is_p2p AND seq IS NOT NULL
-)
-SELECT run, rank,
-       CAST(-median(end_ts_ns - median_end) AS BIGINT) AS estimated_offset_ns,
-       count(*) AS n_collectives
-FROM ends
-WHERE n > 1
-GROUP BY run, rank;
-
-CREATE OR REPLACE TEMP VIEW clock_alignment AS
-WITH hosts AS (SELECT run, count(DISTINCT host) AS n_hosts FROM ranks GROUP BY run),
-est AS (SELECT run, max(abs(estimated_offset_ns)) AS max_abs_offset_ns FROM clock_offset_estimates GROUP BY run),
-steps AS (SELECT run, median(dur_ns) AS median_step_ns FROM steps GROUP BY run),
-decided AS (
-    SELECT h.run, h.n_hosts, e.max_abs_offset_ns, s.median_step_ns,
-           CASE getvariable('align_clocks')
-                WHEN 'always' THEN 'align_clocks=always'
-                WHEN 'never' THEN NULL
-                ELSE CASE WHEN h.n_hosts > 1 THEN 'several hosts'
-                          WHEN e.max_abs_offset_ns >= getvariable('clock_offset_evident_ns') THEN 'evident offset' END
-           END AS why
-    FROM hosts h LEFT JOIN est e USING (run) LEFT JOIN steps s USING (run))
-SELECT run, why IS NOT NULL AS applied, why, n_hosts, max_abs_offset_ns, median_step_ns,
-       coalesce(why IS NOT NULL AND max_abs_offset_ns > median_step_ns, false) AS absurd
-FROM decided;
+    FROM comms WHERE NOT is_p2p AND seq IS NOT NULL),
+_estimates AS (
+    SELECT run, rank, CAST(-median(end_ts_ns - median_end) AS BIGINT) AS estimated_offset_ns,
+           count(*) AS n_collectives
+    FROM ends WHERE n > 1 GROUP BY run, rank),
+_hosts AS (SELECT run, count(DISTINCT host) AS n_hosts FROM ranks GROUP BY run),
+_per_run AS (
+    SELECT e.*, h.n_hosts, max(abs(e.estimated_offset_ns)) OVER (PARTITION BY e.run) AS max_abs_offset_ns
+    FROM _estimates e JOIN _hosts h USING (run)),
+_decided AS (
+    SELECT *, CASE getvariable('align_clocks')
+                   WHEN 'always' THEN 'align_clocks=always'
+                   WHEN 'never' THEN NULL
+                   ELSE CASE WHEN n_hosts > 1 THEN 'several hosts'
+                             WHEN max_abs_offset_ns >= getvariable('clock_offset_evident_ns') THEN 'evident offset' END
+              END AS why
+    FROM _per_run)
+SELECT run, rank, estimated_offset_ns, n_collectives, why IS NOT NULL AS applied, why, n_hosts, max_abs_offset_ns
+FROM _decided;
 
 CREATE OR REPLACE TEMP VIEW clock_offsets AS
-SELECT e.run, e.rank, e.estimated_offset_ns, e.n_collectives, a.applied,
-       CASE WHEN a.applied THEN e.estimated_offset_ns ELSE 0 END AS offset_ns
-FROM clock_offset_estimates e JOIN clock_alignment a USING (run);
+SELECT run, rank, estimated_offset_ns, n_collectives, applied,
+       CASE WHEN applied THEN estimated_offset_ns ELSE 0 END AS offset_ns
+FROM _clock_decisions;
+
+-- runs without a collective seen on two ranks have no row (nothing to apply); the steps are read
+-- here only (not in the chain every analysis binds)
+CREATE OR REPLACE TEMP VIEW clock_alignment AS
+WITH d AS (SELECT DISTINCT run, applied, why, n_hosts, max_abs_offset_ns FROM _clock_decisions),
+s AS (SELECT run, median(dur_ns) AS median_step_ns FROM steps GROUP BY run)
+SELECT d.*, s.median_step_ns, coalesce(d.applied AND d.max_abs_offset_ns > s.median_step_ns, false) AS absurd
+FROM d LEFT JOIN s USING (run);
