@@ -58,6 +58,7 @@ def bomb(workdir: Path) -> int:
     """Peak RSS of a child that ingests the 2 GiB gzip bomb, against the inflated size."""
     import resource
     import subprocess
+
     import hardening_cases as hc
     (workdir / "bomb").mkdir(parents=True)
     path = hc.SLOW_CASES["gzip_bomb_2gib"](workdir / "bomb")[0]

@@ -142,6 +142,17 @@ def _bomb(d: Path):
     return [p]
 
 
+def _other_run_id(d: Path):
+    """rank 0 of one recorded job and rank 1 of another (the collector's manifests say so)."""
+    out = []
+    for sub, src, r in (("a", RUN2, 0), ("b", TRACES / "ddp_gloo_2rank_imb1", 1)):
+        (d / sub).mkdir()
+        for f in (f"rank{r}.window0.pt.trace.json.gz", f"rank{r}.manifest.json"):
+            shutil.copy(src / f, d / sub / f)
+        out.append(d / sub / f"rank{r}.window0.pt.trace.json.gz")
+    return out
+
+
 def _mixed_world(d: Path):
     return _pair(None, lambda doc: _di(doc, world_size=4))(d)
 
@@ -180,6 +191,7 @@ CASES = {
     "fr_record_id_text": _fr(_fr_entry("record_id", "x")),
     "fr_entries_dict": _fr(lambda doc: doc.__setitem__("entries", {"a": 1})),
     "mixed_world_sizes": _mixed_world,
+    "other_job_run_id": _other_run_id,
     "other_job_backend": _pair(None, lambda doc: _di(doc, backend="nccl")),
     "other_job_pg_layout": _pair(None, lambda doc: doc["distributedInfo"]["pg_config"][0].__setitem__("ranks", [0, 1, 2])),
     "same_rank_other_process": _other_process,

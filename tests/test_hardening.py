@@ -33,7 +33,8 @@ EXPECT = {
     "distributed_info_list": "distributedInfo is a list", "fr_collective_seq_2pow64": "collective_seq_id 18446744073709551616",
     "fr_time_created_2pow64": "time_created_ns 18446744073709551616", "fr_input_sizes_2pow64": "input_sizes",
     "fr_record_id_text": None, "fr_entries_dict": "'entries' is not a list", "mixed_world_sizes": "world size 4 differs from 2",
-    "other_job_backend": "backend 'nccl' differs from 'gloo'", "other_job_pg_layout": "holds rank 2, not in [0, world_size 2)",
+    "other_job_backend": "backend 'nccl' differs from 'gloo'",
+    "other_job_run_id": "collector run id 'ddp_gloo_2rank_imb1' differs from 'ddp_gloo_2rank'", "other_job_pg_layout": "holds rank 2, not in [0, world_size 2)",
     "same_rank_other_process": "two traces of one rank must be profiling windows of one process",
     "fifo": "FIFO",
 }

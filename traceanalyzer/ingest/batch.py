@@ -129,10 +129,10 @@ def find_traces(paths: Iterable[str | os.PathLike], allow_empty: bool = False) -
 def _parse_one(path: str, rank_arg: int | None, staging: str) -> tuple:
     """Worker: parse one file and stage its tables. Returns ("ok", TraceSummary) or ("error", path, problem)."""
     from .comms import build_comms
+    from .consistency import collector_run_id, job_of
     from .flight_recorder import read_fr_json, sidecar_path
     from .kineto.build import build_tables
     from .kineto.reader import read_trace
-    from .consistency import job_of
     from .sidecars import check_rank_manifest
     try:
         trace = read_trace(path)
@@ -153,7 +153,7 @@ def _parse_one(path: str, rank_arg: int | None, staging: str) -> tuple:
             staged[name] = str(out)
         counts = {name: table.num_rows for name, table in t.items()}
         return ("ok", TraceSummary(str(Path(path).resolve()), built.rank, built.rank_source, built.start_ts_ns,
-                                   built.end_ts_ns, counts, dict(built.skipped), staged, job=job_of(t)))
+                                   built.end_ts_ns, counts, dict(built.skipped), staged, job=dict(job_of(t), run_id=collector_run_id(path))))
     except TraceInputError as exc:
         return ("error", exc.path, exc.problem)
     except MemoryError:

@@ -1,5 +1,6 @@
 """One job per run: the traces of a run (this batch and what the store already holds for it)
-must agree on the world size, the backend and the process-group layout, and two traces of one
+must agree on the collector's run id (``rank{R}.manifest.json``), the world size, the backend and
+the process-group layout, and two traces of one
 rank must be profiling windows of one process (same host, same pid).
 
 A trace from another job mixed into a run is otherwise accepted and shows up as a huge skew or
@@ -24,6 +25,20 @@ def job_of(tables: dict[str, pa.Table]) -> dict[str, Any]:
     pgs = tables["process_groups"].select(["pg_name", "pg_ranks"]).to_pylist()
     return {"world_size": r["world_size"], "backend": r["backend"], "host": r["host"], "pid": r["pid"],
             "pg_layout": {p["pg_name"]: p["pg_ranks"] for p in pgs if p["pg_ranks"] is not None}}
+
+
+def collector_run_id(trace_path: str | Path) -> str | None:
+    """The ``run_id`` of the collector's ``rank{R}.manifest.json`` that lists this trace, if any."""
+    trace_path = Path(trace_path)
+    for m in sorted(trace_path.parent.glob("rank*.manifest.json")):
+        try:
+            doc = json.loads(m.read_text())
+            listed = doc.get("files", {}).get("traces") or []
+        except (OSError, ValueError, AttributeError):
+            continue  # sidecars.check_rank_manifest refuses an unreadable one
+        if trace_path.name in listed and isinstance(doc.get("run_id"), str):
+            return doc["run_id"]
+    return None
 
 
 def _stored_jobs(store: Path, entries: list[dict]) -> list[tuple[str, int, dict]]:
@@ -54,7 +69,7 @@ def check_run(store: Path, manifest, run: str, summaries: list) -> None:
 
 def _compare(path: str, rank: int, job: dict, other_file: str, other_rank: int, other: dict, run: str) -> None:
     hint = f"; a trace of another job belongs in another --run than '{run}'"
-    for key, what in (("world_size", "world size"), ("backend", "backend")):
+    for key, what in (("run_id", "collector run id"), ("world_size", "world size"), ("backend", "backend")):
         a, b = job.get(key), other.get(key)
         if a is not None and b is not None and a != b:
             raise TraceInputError(path, f"{what} {a!r} differs from {b!r} of {other_file} (rank {other_rank}){hint}")
