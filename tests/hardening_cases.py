@@ -172,6 +172,9 @@ CASES = {
     "event_without_tid": _mut(_no_tid),
     "pid_2pow64": _mut(_set_first("pid", 2**64)),
     "tid_2pow64": _mut(_set_first("tid", 2**64)),
+    "pid_float_1e300": _mut(_set_first("pid", 1e300)),
+    "correlation_1e400": _mut(lambda doc: doc.__setitem__("traceEvents", doc["traceEvents"]) or json.dumps(doc).replace(
+        '"args": {', '"args": {"correlation": 1e400, ', 1).encode()),
     "flow_id_2pow64": _mut(_set_first("id", 2**64, ph="s")),
     "world_size_2pow64": _mut(lambda doc: _di(doc, world_size=2**64)),
     "pg_size_2pow64": _mut(lambda doc: doc["distributedInfo"]["pg_config"][0].__setitem__("pg_size", 2**64)),

@@ -24,7 +24,8 @@ EXPECT = {
     "base_time_2pow63": "baseTimeNanoseconds 9223372036854775808 is outside", "base_time_text": "baseTimeNanoseconds is a str",
     "nested_10000": "nested too deeply", "nested_args_5000": "nested too deeply", "invalid_utf8_in_args": None,
     "event_without_tid": None, "pid_2pow64": "pid 18446744073709551616 is outside",
-    "tid_2pow64": "tid 18446744073709551616 is outside", "flow_id_2pow64": "flow id 18446744073709551616 is outside",
+    "tid_2pow64": "tid 18446744073709551616 is outside", "pid_float_1e300": "pid 1e+300 is outside",
+    "correlation_1e400": None, "flow_id_2pow64": "flow id 18446744073709551616 is outside",
     "world_size_2pow64": "world_size 18446744073709551616 is outside", "pg_size_2pow64": "pg_size 18446744073709551616",
     "backend_list": "backend is a list", "pg_desc_dict": "pg_desc is a dict", "group_ranks_strings": "holds 'a'",
     "group_ranks_huge": "ranks member 1099511627776", "device_properties_number": "deviceProperties is a int",
@@ -236,9 +237,9 @@ def test_shifted_clock_is_aligned(shift_ns, two_hosts, tmp_path, unshifted, run_
     res = analyze(store, only=["stragglers", "collectives", "critical_path_summary", "clock_offsets"], save_results=False)
     st, base = res["stragglers"], unshifted["stragglers"]
     assert list(st["rank"]) == list(base["rank"]) == [1]  # the straggler survives
-    assert st["delay_ns_per_step"].iloc[0] == pytest.approx(base["delay_ns_per_step"].iloc[0], rel=1e-6)
+    assert st["delay_ns_per_step"].iloc[0] == pytest.approx(base["delay_ns_per_step"].iloc[0], rel=1e-3)  # the estimate is within µs
     skew = res["collectives"]["arrival_skew_ns"].median()
-    assert skew == pytest.approx(unshifted["collectives"]["arrival_skew_ns"].median(), rel=1e-6)  # the real skew
+    assert skew == pytest.approx(unshifted["collectives"]["arrival_skew_ns"].median(), rel=1e-3)  # the real skew
     cp = res["critical_path_summary"].groupby(["rank", "label"])["path_ns"].sum().idxmax()
     assert cp == unshifted["critical_path_summary"].groupby(["rank", "label"])["path_ns"].sum().idxmax()
     off = res["clock_offsets"].set_index("rank")["offset_ns"]

@@ -76,7 +76,7 @@ def _int_or_none(value) -> int | None:
         return value
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # 1e400 decodes as inf
         return None
 
 
@@ -104,7 +104,7 @@ def _int_column(values: list, what: str = "id") -> pa.Array:
         try:
             return pa.array([_id(v) for v in values], pa.int64())
         except OutOfRange:
-            bad = next(v for v in values if isinstance(v, (int, str)) and _out_of_int64(v))
+            bad = next((v for v in values if _out_of_int64(v)), None)
             raise OutOfRange(what, bad) from None
 
 
