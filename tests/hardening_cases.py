@@ -111,6 +111,14 @@ def _fr_entry(field, value):
     return fn
 
 
+def _fr_deep(d: Path):
+    """An FR dump whose first entry's frames nest 3,000 deep (found by fuzzing: RecursionError)."""
+    text = FR0.read_text().replace('"frames":', '"frames": ' + "[" * 3000 + "]" * 3000 + ', "frames_old":', 1)
+    (d / "rank0.fr.json").write_text(text)
+    shutil.copy(TRACE0, d / "rank0.window0.pt.trace.json.gz")
+    return [d / "rank0.fr.json", d / "rank0.window0.pt.trace.json.gz"]
+
+
 def _other_process(d: Path):
     """The same rank twice, 1 s apart, from another process."""
     doc = load()
@@ -192,6 +200,7 @@ CASES = {
     "fr_time_created_2pow64": _fr(_fr_entry("time_created_ns", 2**64)),
     "fr_input_sizes_2pow64": _fr(_fr_entry("input_sizes", [[2**64]])),
     "fr_record_id_text": _fr(_fr_entry("record_id", "x")),
+    "fr_nested_3000": _fr_deep,
     "fr_entries_dict": _fr(lambda doc: doc.__setitem__("entries", {"a": 1})),
     "mixed_world_sizes": _mixed_world,
     "other_job_run_id": _other_run_id,

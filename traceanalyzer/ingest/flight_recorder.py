@@ -95,6 +95,9 @@ def read_fr_dump(path: str | Path) -> FrDump:
     else:
         try:
             doc, fmt = msgspec.json.decode(data), "json"
+        except RecursionError:
+            from .kineto.reader import TOO_DEEP
+            raise TraceInputError(path, TOO_DEEP) from None
         except msgspec.DecodeError as exc:
             what = "truncated" if "truncated" in str(exc) else "invalid"
             raise TraceInputError(path, f"{what} Flight Recorder JSON dump ({exc})") from None

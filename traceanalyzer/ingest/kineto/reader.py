@@ -19,8 +19,8 @@ from ...errors import TraceInputError
 from .validate import check_duplicate_keys, decode_meta
 
 #: the one message for JSON nested deeper than the reader allows (msgspec stops at Python's
-#: recursion limit, about 1,000 levels; Kineto traces nest 4 levels)
-TOO_DEEP = "JSON nested too deeply (more than about 1,000 levels): not a Kineto trace"
+#: recursion limit, about 1,000 levels; Kineto traces and FR dumps nest a few levels)
+TOO_DEEP = "JSON nested too deeply (more than about 1,000 levels; traces and dumps nest a few): the file is damaged"
 
 #: Events decoded per chunk: large enough to amortise call overhead, small enough to bound memory.
 CHUNK_EVENTS = 10_000
