@@ -273,3 +273,46 @@ def test_plan_action_matching_nothing_is_an_error(run_cli, good_store, tmp_path,
     plan.write_text(json.dumps({"actions": [action]}))
     code, out, err = run_cli("replay", good_store, "--plan", plan)
     assert code == 2 and needle in err and err.count("\n") == 1
+
+
+_DISK_FULL = """
+import shutil, sys
+from pathlib import Path
+import traceanalyzer as ta
+from traceanalyzer.cli.main import main
+disk, good, other = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+store = disk / "store"
+ta.ingest([good], store, run="good", progress=False)
+before = sorted(p.relative_to(store).as_posix() for p in store.rglob("*") if p.is_file())
+filler = disk / "filler"
+try:
+    with open(filler, "wb") as fh:
+        while True:
+            fh.write(b"x" * 65536)
+except OSError:
+    pass
+code = main(["ingest", other, "--store", str(store), "--run", "other", "--quiet"])
+filler.unlink()
+after = sorted(p.relative_to(store).as_posix() for p in store.rglob("*") if p.is_file())
+main(["check", str(store)])
+print("RESULT", code, before == after)
+"""
+
+
+def test_disk_full_loses_nothing(tmp_path):
+    """An ingest into a full disk (a small tmpfs in a private mount namespace) fails with one line
+    and leaves the store exactly as it was."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = tmp_path / "full.py"
+    script.write_text(_DISK_FULL)
+    cmd = (f"mount -t tmpfs -o size=6m tmpfs {disk} && {sys.executable} {script} {disk} "
+           f"{TRACES / 'ddp_gloo_2rank'} {TRACES / 'ddp_gloo_2rank_slow1_annotated'}")
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"]).returncode != 0:
+        pytest.skip("cannot mount a small file system here (needs unshare and mount)")
+    r = subprocess.run(["unshare", "-m", "sh", "-c", cmd], capture_output=True, text=True,
+                       env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
+    assert "RESULT 2 True" in r.stdout, r.stdout + r.stderr
+    errors = [line for line in r.stderr.splitlines() if line.startswith("traceanalyzer: error:")]
+    assert len(errors) == 1 and "No space left on device" in errors[0], r.stderr
+    assert "store OK" in r.stdout

@@ -161,6 +161,8 @@ def _parse_one(path: str, rank_arg: int | None, staging: str) -> tuple:
     except RecursionError:
         from .kineto.reader import TOO_DEEP
         return ("error", path, TOO_DEEP)
+    except OSError as exc:  # reading errors are TraceInputErrors already: this is writing the staged tables
+        return ("error", path, f"cannot write its tables into the store ({exc.strerror or exc}); the store is unchanged")
     except Exception as exc:  # a bug of ours: say so, keep the traceback for --debug
         return ("error", path, f"internal error while parsing ({type(exc).__name__}: {exc})", traceback.format_exc())
 
