@@ -21,7 +21,7 @@ from ...errors import TraceInputError
 from .classify import STEP_RE, classify
 from .reader import Event, RawTrace
 from .timeparse import us_text_to_ns
-from .validate import INT32_MAX, OutOfRange, check_meta, check_rank, int_in
+from .validate import INT32_MAX, OutOfRange, add_checked, check_meta, check_rank, int_in, named
 
 _FILE_RANK_RE = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 
@@ -194,12 +194,12 @@ def _build_tables(trace: RawTrace, rank_arg: int | None = None) -> RankTables:
         del args, ids
         batches.append(_events_table(cols, base_ns, skipped, first_id))
         first_id += len(xs)
-        flows["flow_id"] += [_named(_id, "flow id", e.id) for e in fl]
+        flows["flow_id"] += [named(_id, "flow id", e.id) for e in fl]
         flows["cat"] += [str(e.cat) for e in fl]
         flows["ph"] += [e.ph for e in fl]
         flows["ts"].append(us_text_to_ns_checked(trace, [e.ts for e in fl]))
-        flows["pid"] += [_named(_id, "pid", e.pid) for e in fl]
-        flows["tid"] += [_named(_id, "tid", e.tid) for e in fl]
+        flows["pid"] += [named(_id, "pid", e.pid) for e in fl]
+        flows["tid"] += [named(_id, "tid", e.tid) for e in fl]
         del xs, fl, cols
 
     trace.events_raw = []  # release the file's bytes
@@ -214,26 +214,11 @@ def _build_tables(trace: RawTrace, rank_arg: int | None = None) -> RankTables:
     flows_t = _flows_table(flows, base_ns, skipped)
     pgs = _process_groups_table(trace.meta.get("distributedInfo"))
     start = int(pc.min(events["ts_ns"]).as_py())
-    end = int(pc.max(_add_checked(events["ts_ns"], events["dur_ns"], "ts + dur")).as_py())
+    end = int(pc.max(add_checked(events["ts_ns"], events["dur_ns"], "ts + dur")).as_py())
     ranks = _rank_row(trace, rank_source, base_ns, meta_events, events, start, end, skipped)
     tables = {"events": events, "steps": steps, "threads": threads, "flows": flows_t,
               "process_groups": pgs, "ranks": ranks}
     return RankTables(rank, rank_source, tables, start, end, skipped)
-
-
-def _named(fn, what: str, value):
-    try:
-        return fn(value)
-    except OutOfRange:
-        raise OutOfRange(what, value) from None
-
-
-def _add_checked(a, b, what: str) -> pa.Array:
-    """a + b in int64, refused (not wrapped around) on overflow."""
-    try:
-        return pc.add_checked(a, b)
-    except pa.ArrowInvalid:
-        raise ValueError(f"{what} overflows int64 (a time beyond the year 2262): the timestamps are damaged") from None
 
 
 def us_text_to_ns_checked(trace: RawTrace, raws: list) -> pa.Array:
@@ -298,7 +283,7 @@ def _events_table(cols: dict[str, pa.Array], base_ns: int, skipped: Counter, fir
     table = pa.table({
         "event_id": pa.array(np.arange(first_id, first_id + n, dtype=np.int64)),
         "ph": cols["ph"], "cat": cols["cat"], "kind": kind, "name": cols["name"],
-        "ts_ns": _add_checked(ts, base_ns, "baseTimeNanoseconds + ts"), "dur_ns": pa.array(dur_np), "pid": cols["pid"], "tid": cols["tid"],
+        "ts_ns": add_checked(ts, base_ns, "baseTimeNanoseconds + ts"), "dur_ns": pa.array(dur_np), "pid": cols["pid"], "tid": cols["tid"],
         "is_gpu": is_gpu_a, "device": device.cast(pa.int32()), "stream": stream,
         "correlation": cols["corr"], "external_id": cols["ext"],
         "step": pa.nulls(n, pa.int32()), "nested": pa.nulls(n, pa.bool_()), "args_json": cols["args"],
@@ -438,7 +423,7 @@ def _flows_table(flows: dict[str, list], base_ns: int, skipped: Counter) -> pa.T
     ts = pa.chunked_array(flows["ts"], pa.int64()).combine_chunks() if flows["ts"] else pa.array([], pa.int64())
     t = pa.table({
         "flow_id": pa.array(flows["flow_id"], pa.int64()), "cat": pa.array(flows["cat"], pa.string()),
-        "ph": pa.array(flows["ph"], pa.string()), "ts_ns": _add_checked(ts, base_ns, "baseTimeNanoseconds + ts of a flow"),
+        "ph": pa.array(flows["ph"], pa.string()), "ts_ns": add_checked(ts, base_ns, "baseTimeNanoseconds + ts of a flow"),
         "pid": pa.array(flows["pid"], pa.int64()), "tid": pa.array(flows["tid"], pa.int64()),
     }, schema=S.FLOWS.arrow_schema)
     missing = t.num_rows - pc.count(t["ts_ns"]).as_py()

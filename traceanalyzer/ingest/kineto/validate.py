@@ -60,6 +60,24 @@ def int_in(what: str, value: Any, lo: int = INT64_MIN, hi: int = INT64_MAX) -> i
     return value
 
 
+def named(fn, what: str, value):
+    """``fn(value)``, an :class:`OutOfRange` naming ``what``."""
+    try:
+        return fn(value)
+    except OutOfRange:
+        raise OutOfRange(what, value) from None
+
+
+def add_checked(a, b, what: str):
+    """a + b of int64 Arrow arrays/scalars, refused (not wrapped around) on overflow."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    try:
+        return pc.add_checked(a, b)
+    except pa.ArrowInvalid:
+        raise ValueError(f"{what} overflows int64 (a time beyond the year 2262): the timestamps are damaged") from None
+
+
 def check_duplicate_keys(path: Path, data, top_keys) -> None:
     """Refuse a trace whose top level names one of the main keys twice."""
     for key, rx in _KEY_RE.items():
