@@ -200,6 +200,8 @@ CASES = {
     "fr_time_created_2pow64": _fr(_fr_entry("time_created_ns", 2**64)),
     "fr_input_sizes_2pow64": _fr(_fr_entry("input_sizes", [[2**64]])),
     "fr_record_id_text": _fr(_fr_entry("record_id", "x")),
+    "fr_duration_ms_2pow64": _fr(_fr_entry("duration_ms", 2**64)),
+    "fr_timeout_ms_huge": _fr(_fr_entry("timeout_ms", 2**62)),
     "fr_nested_3000": _fr_deep,
     "fr_entries_dict": _fr(lambda doc: doc.__setitem__("entries", {"a": 1})),
     "mixed_world_sizes": _mixed_world,

@@ -162,8 +162,8 @@ def _entry(raw: Any) -> dict | None:
         "time_created_ns": _int(raw.get("time_created_ns")) or None,
         "time_discovered_started_ns": _int(raw.get("time_discovered_started_ns")) or None,
         "time_discovered_completed_ns": _int(raw.get("time_discovered_completed_ns")) or None,
-        "duration_ns": round(duration * 1e6) if isinstance(duration, (int, float)) and not isinstance(duration, bool) else None,
-        "timeout_ns": _int(raw.get("timeout_ms")) * 1_000_000 if _int(raw.get("timeout_ms")) is not None else None,
+        "duration_ns": _ms_to_ns("duration_ms", duration),
+        "timeout_ns": _ms_to_ns("timeout_ms", _int(raw.get("timeout_ms"))),
         "retired": raw.get("retired") if isinstance(raw.get("retired"), bool) else None,
         "thread_id": _str(raw.get("thread_id")), "thread_name": _str(raw.get("thread_name")),
         "frames": frames if isinstance(frames, list) else None,
@@ -210,6 +210,19 @@ def _int(value: Any) -> int | None:
     if not INT64_MIN <= v <= INT64_MAX:
         raise OutOfRange("integer", value)
     return v
+
+
+def _ms_to_ns(what: str, value: Any) -> int | None:
+    """Milliseconds (int or float) as int64 nanoseconds; None when not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        ns = round(value * 1_000_000)
+    except (OverflowError, ValueError):  # inf, nan
+        raise OutOfRange(f"{what} in nanoseconds", value) from None
+    if not INT64_MIN <= ns <= INT64_MAX:
+        raise OutOfRange(f"{what} in nanoseconds", value)
+    return ns
 
 
 def _out_of_range(value: Any) -> bool:
