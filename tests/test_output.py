@@ -126,7 +126,7 @@ def test_replay_plan_targets_must_exist_and_breakdown_adds_up(run_cli, store, tm
     assert code == 2 and "rank(s) 7 not in run" in err and str(bad) in err
     bad.write_text(json.dumps({"actions": [{"action": "scale", "factor": 0.5, "ops": "no_such_op*"}]}))
     code, out, err = run_cli("replay", store, "--run", SLOW2, "--plan", bad)
-    assert code == 2 and "match no operation" in err
+    assert code == 2 and "matches no operation" in err
     good = tmp_path / "rank2.json"
     good.write_text(json.dumps({"actions": [{"action": "idealize", "ranks": [2]}]}))
     code, out, err = run_cli("replay", store, "--run", SLOW2, "--plan", good, "--straggler-metrics")

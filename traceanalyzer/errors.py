@@ -17,3 +17,8 @@ class TraceInputError(TraceAnalyzerError):
 
 class StoreError(TraceAnalyzerError):
     """The store cannot be read or written."""
+
+
+class StoreWarning(UserWarning):
+    """Something the user must know while reading a store (a damaged run left out, results not
+    saved in a read-only store); the command line prints it as one line."""

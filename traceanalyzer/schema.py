@@ -545,7 +545,7 @@ RESULTS: dict[str, Table] = {t.name: t for t in (
         ("is_finding", BOOL, "", "above slow_stage_min_excess_pct"), ("rank_order", I64, "", "1 = largest excess")]),
     _r("critical_path", "Cross-rank critical path of each step, one row per hop (latest first).", [
         ("run", STR, "", "run name"), ("step", I32, "", "ProfilerStep"), ("hop", I64, "", "0 = the hop that ends the step"),
-        ("rank", I32, "", "rank whose own time this is"), ("lo_ns", I64, _NS, "hop start"), ("hi_ns", I64, _NS, "hop end"),
+        ("rank", I32, "", "rank whose own time this is"), ("lo_ns", I64, _NS, "hop start (aligned clock: + clock_offsets.offset_ns)"), ("hi_ns", I64, _NS, "hop end"),
         ("dur_ns", I64, _NS, "hop length"), ("via_op", STR, "", "how the path entered this rank: the collective's op, or 'recv' (a receive that waited for this rank's send)"),
         ("via_pg", STR, "", "its process group"),
         ("via_seq", I64, "", "its seq (collective) or p2p_seq (receive)")]),

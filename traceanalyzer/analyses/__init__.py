@@ -23,7 +23,11 @@ if TYPE_CHECKING:  # pandas loads in ~0.5 s: only the results need it, and DuckD
 
 #: Named parameters of the SQL modules: name -> (default, meaning). Units are in the names.
 PARAMETERS: dict[str, tuple[Any, str]] = {
-    "align_clocks": ("auto", "apply estimated clock offsets: 'auto' (only when the run spans several hosts), 'always', 'never'"),
+    "align_clocks": ("auto", "apply estimated clock offsets: 'auto' (when evident: several hosts, or an offset >= "
+                             "clock_offset_evident_ns), 'always', 'never'"),
+    # on one host the estimate is how far apart ranks leave collectives: at most 4.6 ms over the shipped
+    # runs (a desync run); a shifted trace's clock is off by seconds or hours
+    "clock_offset_evident_ns": (100_000_000, "align_clocks=auto applies the offsets on one host when one is at least this"),
     # 10 %: the OSDI'25 what-if study calls a job straggling when its slowdown S >= 1.1
     "straggler_min_delay_pct": (10.0, "a straggler costs its peers at least this % of the median step time per step"),
     "straggler_min_delay_ns": (1_000_000, "... and at least this many ns per step"),
@@ -52,8 +56,9 @@ def prepare(con, modules=None, views=None, **params) -> Any:
         from ..errors import TraceAnalyzerError
         raise TraceAnalyzerError(f"unknown analysis parameter(s): {', '.join(sorted(unknown))}; "
                                  f"known: {', '.join(PARAMETERS)}")
+    from .params import check_parameter
     for key, (default, _) in PARAMETERS.items():
-        value = params.get(key, default)
+        value = check_parameter(key, params.get(key, default), default)
         con.execute(f"SET VARIABLE {key} = ?", [value])
     if views is not None:
         names = _modules.modules_for(views)

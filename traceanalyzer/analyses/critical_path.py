@@ -19,6 +19,10 @@ hopping between ranks at synchronisation points, decided when the step ended? We
 4. when no earlier synchronisation point exists, the path runs back to the start of the step on
    that rank.
 
+All times are on the aligned clock (each rank's clock plus its applied clock_offsets.offset_ns,
+as collectives.sql and p2p.sql use): with a rank's clock off by seconds, mixing the two would
+put the whole path on one rank.
+
 Each piece of the path is split by what the rank was doing (compute / comm / memory / idle, from
 activity.sql's labelled segments), so the result says how much of the step's critical path was
 compute on which rank, exposed communication, or idle waiting for the host.
@@ -56,7 +60,11 @@ def critical_path(store_or_con, run: str | None = None, step: int | None = None,
     one rank's own time), latest first (hop 0 ends the step)."""
     con = prepare(connect(store_or_con), views=_VIEWS, **params)
     where, args = _where(run, step)
-    steps = con.execute(f"""SELECT run, rank, step, step_start_ns, step_end_ns FROM step_phases WHERE true {where}""", args).df()
+    # every time on the aligned clock (collective_ranks and p2p_transfers add clock_offsets already)
+    steps = con.execute(f"""SELECT p.run, p.rank, p.step, p.step_start_ns + coalesce(o.offset_ns, 0) AS step_start_ns,
+                                   p.step_end_ns + coalesce(o.offset_ns, 0) AS step_end_ns
+                            FROM step_phases p LEFT JOIN clock_offsets o ON o.run = p.run AND o.rank = p.rank
+                            WHERE true {_where(run, step, 'p.')[0]}""", args).df()
     # where each rank waited: collectives it did not arrive last at, receives posted before their send
     sync = con.execute(f"""
         SELECT r.run, r.step, r.rank, r.last_arrival_ns AS release_ns, i.last_arriver AS next_rank,
@@ -125,7 +133,9 @@ def critical_path_summary(store_or_con, run: str | None = None, step: int | None
         WITH seg AS (
             SELECT p.run, p.step, p.rank, a.label,
                    sum(greatest(least(a.hi_ns, p.hi_ns) - greatest(a.lo_ns, p.lo_ns), 0)) AS ns
-            FROM _cp_path p JOIN activity_segments a
+            FROM _cp_path p JOIN (  -- the segments on the path's aligned clock
+                SELECT a.* REPLACE (a.lo_ns + coalesce(o.offset_ns, 0) AS lo_ns, a.hi_ns + coalesce(o.offset_ns, 0) AS hi_ns)
+                FROM activity_segments a LEFT JOIN clock_offsets o ON o.run = a.run AND o.rank = a.rank) a
               ON a.run = p.run AND a.rank = p.rank AND a.step = p.step  -- one step's segments never overlap
              AND a.lo_ns < p.hi_ns AND a.hi_ns > p.lo_ns
             GROUP BY ALL),

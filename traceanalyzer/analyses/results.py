@@ -109,6 +109,12 @@ def save(store: str | os.PathLike, results: dict[str, pd.DataFrame], params: dic
     """Write results into the store atomically: one file per analysis and run, for every run
     analysed (an empty result replaces an older non-empty one)."""
     store = Path(store)
+    if not st.writable(store):  # reading needs no write access: say it once, keep the results in hand
+        import warnings
+
+        from ..errors import StoreWarning
+        warnings.warn(StoreWarning(f"{store}: the store is read-only: results not saved in it"), stacklevel=3)
+        return
     with st.locked(store):
         manifest = st.read_manifest(store)
         manifest.generation += 1

@@ -43,7 +43,12 @@ def info(store: str | os.PathLike) -> pd.DataFrame:
     """One row per (run, rank): windows, steps, events, kernels, collectives, bytes, time span."""
     con = open_store(store)
     try:
-        return con.sql(_PER_RANK).df()
+        df = con.sql(_PER_RANK).df()
+        from . import prepare
+        prepare(con, modules=("clock_offsets",))  # what the analyses do with each rank's clock
+        off = con.sql("SELECT run, rank, estimated_offset_ns, applied AS clock_offset_applied, offset_ns AS clock_offset_ns "
+                      "FROM clock_offsets").df()
+        return df.merge(off, on=["run", "rank"], how="left")
     finally:
         con.close()
 
@@ -70,6 +75,11 @@ def format_info(df: pd.DataFrame, store: str) -> str:
                 lines.append(f"note: {n:,} communication op(s) with unknown {what} ({why}); comm_bytes "
                              "n/a where any size is unknown" if col == "size_unknown" else
                              f"note: {n:,} collective(s) with unknown {what} ({why})")
+        if "clock_offset_ns" in g:
+            from .clocks import clock_note
+            offs = g[g["estimated_offset_ns"].notna()].rename(columns={"clock_offset_applied": "applied",
+                                                                        "clock_offset_ns": "offset_ns"})
+            lines.append(clock_note(offs, g["median_step_ms"].median() * 1e6, g["host"].nunique()))
     return "\n".join(lines)
 
 

@@ -13,9 +13,10 @@ import argparse
 import logging
 import sys
 import traceback
+import warnings
 
 from .. import __version__
-from ..errors import TraceAnalyzerError
+from ..errors import StoreWarning, TraceAnalyzerError
 
 #: Exit codes, documented in the module docstring and in ``traceanalyzer --help``.
 EXIT_OK, EXIT_FLAGGED, EXIT_ERROR, EXIT_INTERRUPTED = 0, 1, 2, 130
@@ -167,9 +168,11 @@ def _cmd_replay(args) -> int:
               f"P90 {100 * res.identity_error['p90']:.2f}% over {res.identity_error['n']} rank-steps")
     else:
         g = rp.build_graph(args.store, run=args.run)
-        _check_plan_targets(args.plan, plan, g)
         sim = rp.Simulator(g)
-        res = rp.what_if(g, plan, sim=sim)
+        try:
+            res = rp.what_if(g, plan, sim=sim)
+        except TraceAnalyzerError as exc:     # a plan naming what the run does not have: say which file
+            raise TraceAnalyzerError(f"{args.plan}: {exc}") from None
         run = g.run
         e = res.identity_error
         print(f"run '{g.run}', plan '{plan['name']}': {g.n:,} nodes, {len(g.src):,} edges; identity-replay error "
@@ -228,29 +231,18 @@ def _recovered(frac) -> str:
     return f"{100 * max(frac, 0.0):.0f}%"
 
 
-def _check_plan_targets(path, plan: dict, g) -> None:
-    """A plan naming ranks the run does not have, or ops no operation of the run matches, would
-    replay the run unchanged (all deltas 0) and look like an answer: it is an error instead."""
-    import fnmatch
+def _cmd_rm(args) -> int:
+    from ..store.check import remove_run
+    n = remove_run(args.store, args.run)
+    print(f"removed run '{args.run}' ({n} trace(s) and per-process inputs) from {args.store}")
+    return 0
 
-    import numpy as np
-    have = sorted(int(r) for r in np.unique(g.rank[g.rank >= 0]))
-    for i, a in enumerate(plan["actions"]):
-        ranks = a.get("ranks", "all")
-        if ranks != "all" and ranks is not None:
-            missing = sorted(set(int(r) for r in ranks) - set(have))
-            if missing:
-                raise TraceAnalyzerError(f"{path}: action {i} ({a['action']}): rank(s) {', '.join(map(str, missing))} "
-                                         f"not in run '{g.run}' (ranks {have[0]}-{have[-1]})" if have else
-                                         f"{path}: run '{g.run}' has no ranks")
-        pats = a.get("ops")
-        if pats is not None:
-            pats = [pats] if isinstance(pats, str) else list(pats)
-            dead = [p for p in pats if not any(fnmatch.fnmatchcase(lbl, p) for lbl in g.labels)]
-            if dead:
-                raise TraceAnalyzerError(f"{path}: action {i} ({a['action']}): ops {', '.join(map(repr, dead))} match "
-                                         f"no operation of run '{g.run}' (ops are glob patterns over operator and "
-                                         f"kernel names, e.g. 'aten::mm', 'all_reduce*')")
+
+def _cmd_check(args) -> int:
+    from ..store.check import check_store
+    report = check_store(args.store, repair=args.repair)
+    print(report.text())
+    return 0 if report.ok or report.repaired else 1
 
 
 def _cmd_demo(args) -> int:
@@ -386,6 +378,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--straggler-metrics", action="store_true", help="also print T, T_ideal, S, waste and S_w per rank")
     s.set_defaults(func=_cmd_replay)
 
+    s = sub.add_parser("rm", help="remove a run (its traces, inputs and saved results) from a store, atomically")
+    s.add_argument("store")
+    s.add_argument("--run", required=True, help="the run to remove")
+    s.set_defaults(func=_cmd_rm)
+
+    s = sub.add_parser("check", help="check a store: missing or truncated files (damaged runs), leftovers of "
+                                     "interrupted writes; exit 1 when something is wrong")
+    s.add_argument("store")
+    s.add_argument("--repair", action="store_true", help="remove the damaged runs' listings and the leftovers")
+    s.set_defaults(func=_cmd_check)
+
     s = sub.add_parser("demo", help="the main job: record (or use shipped) real gloo traces, ingest, summarise")
     s.add_argument("--store", default="store", help="store folder (default: ./store)")
     s.add_argument("--record", action="store_true", help="record a fresh 2-rank gloo DDP run with torchrun (needs torch)")
@@ -422,6 +425,20 @@ def main(argv=None) -> int:
     if not any(isinstance(h, _StderrHandler) for h in log.handlers):
         log.addHandler(_StderrHandler())
     log.setLevel(logging.DEBUG if args.debug else logging.INFO)
+    with warnings.catch_warnings():  # our warnings as one line each (restored on return)
+        warnings.simplefilter("default", StoreWarning)
+        warnings.showwarning = _show_warning
+        return _run(args)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    if issubclass(category, StoreWarning):
+        print(f"traceanalyzer: warning: {message}", file=sys.stderr)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+def _run(args) -> int:
     try:
         return args.func(args)
     except TraceAnalyzerError as exc:

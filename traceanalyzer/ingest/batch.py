@@ -51,6 +51,8 @@ class TraceSummary:
     window: int = -1
     #: communication ops whose size / process group the trace does not say (see :func:`unknown_comms`)
     unknown: dict[str, int] = field(default_factory=dict)
+    #: world size, backend, process-group layout, host and pid (:func:`.consistency.job_of`)
+    job: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -149,6 +151,8 @@ def find_traces(paths: Iterable[str | os.PathLike], allow_empty: bool = False) -
         if p.is_dir():
             found += sorted(f for f in p.rglob("*") if f.is_file() and trace_by_name(f))
         elif p.exists():
+            if not p.is_file():  # a FIFO would block the reader forever
+                raise TraceInputError(p, "not a regular file (a FIFO, socket or device): only regular files are read")
             found.append(p)
         else:
             raise TraceInputError(p, "no such file or folder")
@@ -171,6 +175,7 @@ def trace_by_name(f: Path) -> bool:
 def _parse_one(path: str, rank_arg: int | None, staging: str, opts: dict | None = None) -> tuple:
     """Worker: parse one file and stage its tables. Returns ("ok", TraceSummary) or ("error", path, problem)."""
     from .comms import build_comms
+    from .consistency import collector_run_id, job_of
     from .flight_recorder import read_fr_json, sidecar_path
     from .kineto.build import build_tables
     from .kineto.reader import read_trace
@@ -195,11 +200,18 @@ def _parse_one(path: str, rank_arg: int | None, staging: str, opts: dict | None 
         fr_path = sidecar_path(path, built.rank)
         fr = read_fr_json(fr_path) if fr_path else None
         t["comms"] = build_comms(t["events"], t["process_groups"], t["threads"], info, built.rank, fr)
-        return ("ok", _stage(path, built, staging, shapes_on))
+        summary = _stage(path, built, staging, shapes_on)
+        summary.job = dict(job_of(built.tables), run_id=collector_run_id(path))
+        return ("ok", summary)
     except TraceInputError as exc:
         return ("error", exc.path, exc.problem)
     except MemoryError:
         return ("error", path, "out of memory while parsing")
+    except RecursionError:
+        from .kineto.reader import TOO_DEEP
+        return ("error", path, TOO_DEEP)
+    except OSError as exc:  # reading errors are TraceInputErrors already: this is writing the staged tables
+        return ("error", path, f"cannot write its tables into the store ({exc.strerror or exc}); the store is unchanged")
     except Exception as exc:  # a bug of ours: say so, keep the traceback for --debug
         return ("error", path, f"internal error while parsing ({type(exc).__name__}: {exc})", traceback.format_exc())
 
@@ -255,7 +267,7 @@ def ingest(paths, store, run: str | None = None, rank: int | None = None, worker
     with a one-line message; the store is then unchanged.
     """
     t0 = time.perf_counter()
-    from . import coll_groups, p2p_groups, sidecars
+    from . import coll_groups, consistency, p2p_groups, sidecars
     paths = [Path(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
     nccl_logs = [Path(p) for p in ([nccl_logs] if isinstance(nccl_logs, (str, os.PathLike)) else nccl_logs)]
     if not paths and not nccl_logs:
@@ -284,6 +296,7 @@ def ingest(paths, store, run: str | None = None, rank: int | None = None, worker
                                                    skip={(x.kind, x.path) for x in side_done})
             side_done, already = side_done + more, already + already_too
             sidecars.check_unique(side_done, manifest, run)
+            consistency.check_run(store, manifest, run, summaries)  # one job per run, one process per rank
             _assign_windows(summaries, manifest, run)
             _commit(store, manifest, run, summaries, side_done)
         finally:
@@ -386,7 +399,8 @@ def _commit(store: Path, manifest: st.Manifest, run: str, summaries: list[TraceS
             os.replace(staged, store / rel)
             files[table] = rel
         manifest.traces.append({"run": run, "rank": s.rank, "window_id": s.window, "trace_file": s.path,
-                                "start_ts_ns": s.start_ts_ns, "end_ts_ns": s.end_ts_ns, "files": files})
+                                "start_ts_ns": s.start_ts_ns, "end_ts_ns": s.end_ts_ns, "files": files,
+                                **({"job": s.job} if s.job else {})})
     from .sidecars import commit as commit_sidecars
     commit_sidecars(store, manifest, run, list(side), gen)
     st.write_manifest(store, manifest)

@@ -35,6 +35,7 @@ import pyarrow as pa
 
 from .. import schema as S
 from ..errors import TraceInputError
+from .kineto.validate import INT64_MAX, INT64_MIN, OutOfRange
 from .safe_pickle import load_plain
 
 #: File names of FR dumps: the collector's, a pickle beside it, and torch's own default
@@ -87,10 +88,8 @@ def is_fr_name(path: str | Path) -> bool:
 def read_fr_dump(path: str | Path) -> FrDump:
     """Read a JSON or pickle FR dump; one-line :class:`TraceInputError` naming the file otherwise."""
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise TraceInputError(path, f"cannot read Flight Recorder dump ({exc.strerror or exc})") from None
+    from .kineto.gunzip import read_bounded  # bounded, refuses FIFOs
+    data = bytes(read_bounded(path, "Flight Recorder dump"))
     if not data.strip():
         raise TraceInputError(path, "empty Flight Recorder dump")
     if data[:1] == b"\x80" or path.suffix in _PICKLE_SUFFIXES:
@@ -98,6 +97,9 @@ def read_fr_dump(path: str | Path) -> FrDump:
     else:
         try:
             doc, fmt = msgspec.json.decode(data), "json"
+        except RecursionError:
+            from .kineto.reader import TOO_DEEP
+            raise TraceInputError(path, TOO_DEEP) from None
         except msgspec.DecodeError as exc:
             what = "truncated" if "truncated" in str(exc) else "invalid"
             raise TraceInputError(path, f"{what} Flight Recorder JSON dump ({exc})") from None
@@ -113,18 +115,27 @@ def normalise_dump(doc: Any, path: str | Path, fmt: str) -> FrDump:
     if not isinstance(raw_entries, list):
         raise TraceInputError(path, "not a Flight Recorder dump ('entries' is not a list)")
     entries, skipped = [], 0
-    for raw in raw_entries:
-        e = _entry(raw)
+    for i, raw in enumerate(raw_entries):
+        try:
+            e = _entry(raw)
+        except OutOfRange as exc:
+            field = next((k for k, v in raw.items() if _out_of_range(v)), None)
+            raise TraceInputError(path, f"entry {i}: " + (f"{field} {_clip(raw.get(field))} is outside the int64 range "
+                                        "of its column" if field else str(exc))) from None
         if e is None:
             skipped += 1
         else:
             entries.append(e)
+    try:
+        pg_status = _pg_status(doc.get("pg_status"))
+    except OutOfRange:
+        raise TraceInputError(path, "pg_status holds a number outside the int64 range") from None
     pg_config, usable = _pg_config(doc.get("pg_config"))
     names = {e["profiling_name"].split(":")[0] for e in entries if ":" in e["profiling_name"]}
     backend = "nccl" if "nccl" in names else ("gloo" if "gloo" in names else (next(iter(names)) if names else None))
     state = doc.get("nccl_comm_state")
     return FrDump(str(Path(path).resolve()), fmt, _str(doc.get("version")), _str(doc.get("comm_lib_version")) or "",
-                  pg_config, usable, _pg_status(doc.get("pg_status")), state if state else None, entries, skipped,
+                  pg_config, usable, pg_status, state if state else None, entries, skipped,
                   backend)
 
 
@@ -132,6 +143,10 @@ def _entry(raw: Any) -> dict | None:
     """A normalised entry, or None when it lacks what identifies it (group and sequence id)."""
     if not isinstance(raw, dict):
         return None
+    for key in ("input_sizes", "output_sizes"):
+        if _out_of_range(raw.get(key)):
+            raise OutOfRange(key, raw.get(key))
+        _numel(raw.get(key))
     pg = raw.get("process_group")
     seq = _int(raw.get("collective_seq_id"))
     if not isinstance(pg, list) or not pg or seq is None:
@@ -149,8 +164,8 @@ def _entry(raw: Any) -> dict | None:
         "time_created_ns": _int(raw.get("time_created_ns")) or None,
         "time_discovered_started_ns": _int(raw.get("time_discovered_started_ns")) or None,
         "time_discovered_completed_ns": _int(raw.get("time_discovered_completed_ns")) or None,
-        "duration_ns": round(duration * 1e6) if isinstance(duration, (int, float)) and not isinstance(duration, bool) else None,
-        "timeout_ns": _int(raw.get("timeout_ms")) * 1_000_000 if _int(raw.get("timeout_ms")) is not None else None,
+        "duration_ns": _ms_to_ns("duration_ms", duration),
+        "timeout_ns": _ms_to_ns("timeout_ms", _int(raw.get("timeout_ms"))),
         "retired": raw.get("retired") if isinstance(raw.get("retired"), bool) else None,
         "thread_id": _str(raw.get("thread_id")), "thread_name": _str(raw.get("thread_name")),
         "frames": frames if isinstance(frames, list) else None,
@@ -187,12 +202,41 @@ def _pg_status(raw: Any) -> dict[str, dict[str, int]]:
 
 
 def _int(value: Any) -> int | None:
+    """An int64 (None when missing or not a number; :class:`OutOfRange` beyond int64)."""
     if value is None or isinstance(value, bool):
         return None
     try:
-        return int(value)
-    except (TypeError, ValueError):
+        v = int(value)
+    except (TypeError, ValueError, OverflowError):
         return None
+    if not INT64_MIN <= v <= INT64_MAX:
+        raise OutOfRange("integer", value)
+    return v
+
+
+def _ms_to_ns(what: str, value: Any) -> int | None:
+    """Milliseconds (int or float) as int64 nanoseconds; None when not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    try:
+        ns = round(value * 1_000_000)
+    except (OverflowError, ValueError):  # inf, nan
+        raise OutOfRange(f"{what} in nanoseconds", value) from None
+    if not INT64_MIN <= ns <= INT64_MAX:
+        raise OutOfRange(f"{what} in nanoseconds", value)
+    return ns
+
+
+def _out_of_range(value: Any) -> bool:
+    """Does this field (or a number nested in it, e.g. input_sizes) leave int64?"""
+    if isinstance(value, list):
+        return any(_out_of_range(v) for v in value)
+    return isinstance(value, int) and not isinstance(value, bool) and not INT64_MIN <= value <= INT64_MAX
+
+
+def _clip(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _str(value: Any) -> str | None:
@@ -210,6 +254,8 @@ def _numel(sizes: Any) -> int | None:
         for d in shape:
             n *= d
         total += n
+    if not INT64_MIN <= total <= INT64_MAX:
+        raise OutOfRange("input/output element count", total)
     return total
 
 

@@ -194,7 +194,11 @@ def parse_all(side: list[Sidecar], rank_arg: int | None, staging: Path, manifest
         if (run, *key) in have:
             already += 1
             continue
-        out.append(parse(sc, rank_arg, staging))
+        try:
+            out.append(parse(sc, rank_arg, staging))
+        except RecursionError:  # deep JSON/pickle anywhere in it (frames, sizes): one line, not a traceback
+            from .kineto.reader import TOO_DEEP
+            raise TraceInputError(sc.path, TOO_DEEP) from None
     return out, already
 
 

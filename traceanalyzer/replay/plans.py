@@ -195,8 +195,9 @@ def apply_plan(g: Graph, plan: dict, typical: np.ndarray | None = None) -> np.nd
     dur = g.dur.copy()
     compute = np.isin(g.kind, [OP, GAP, KERNEL])
     comm = g.kind == POST
-    for a in plan["actions"]:
+    for i, a in enumerate(plan["actions"]):
         m = _rank_mask(g, a.get("ranks", "all")) & _name_mask(g, a.get("ops"))
+        _check_matches(g, i, a, m)
         if a["action"] == "idealize":
             ranks = a.get("ranks", "all")
             n_ranks = int(g.rank.max()) + 1
@@ -231,6 +232,30 @@ def apply_plan(g: Graph, plan: dict, typical: np.ndarray | None = None) -> np.nd
         else:
             raise TraceAnalyzerError(f"plan: action '{a['action']}' regenerates the step: use replay.run_plan")
     return dur
+
+
+def _check_matches(g: Graph, i: int, a: dict, m: np.ndarray) -> None:
+    """An action that matches nothing would be a silent no-op: refuse it, saying which part."""
+    where = f"plan: action {i} ({a['action']})"
+    ranks = a.get("ranks", "all")
+    if ranks != "all":
+        present = set(np.unique(g.rank[g.rank >= 0]).tolist())
+        missing = sorted(set(ranks) - present)
+        if missing:
+            raise TraceAnalyzerError(f"{where}: rank(s) {', '.join(map(str, missing))} not in run '{g.run}' "
+                                     f"(ranks {', '.join(map(str, sorted(present)))})")
+    if a.get("ops") is not None:
+        pats = [a["ops"]] if isinstance(a["ops"], str) else list(a["ops"])
+        for p in pats:
+            if not any(fnmatch.fnmatchcase(lbl, p) for lbl in g.labels):
+                raise TraceAnalyzerError(f"{where}: \"ops\" pattern {p!r} matches no operation of run '{g.run}'")
+    if a.get("categories"):
+        unknown = sorted(set(a["categories"]) - set(g.categories))
+        if unknown:
+            raise TraceAnalyzerError(f"{where}: categories {', '.join(map(repr, unknown))} not in run '{g.run}' "
+                                     f"(known: {', '.join(map(str, g.categories))})")
+    if not m.any():
+        raise TraceAnalyzerError(f"{where}: matches nothing in run '{g.run}' (no operation of those ranks and names)")
 
 
 def _alpha_beta_factor(g: Graph, a: dict, m: np.ndarray) -> np.ndarray:

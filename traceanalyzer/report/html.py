@@ -92,6 +92,8 @@ def _summary(rr: RunReport) -> str:
             ["process groups", "; ".join(f"{g['pg_name']} ({g['pg_desc']}, {g['size']} ranks)" for g in s["process_groups"]) or "-"],
             ["steps", f"{len(s['steps'])} ({min(s['steps'])}-{max(s['steps'])})" if s["steps"] else "-"],
             ["median step", f"{_fmt(rr.metrics.get('step_ms'), 2)} ms"]]
+    if s.get("clocks"):
+        rows.append(["clocks", s["clocks"]])
     if s.get("critical_path"):
         rows.append(["critical path (all steps)", ", ".join(f"rank {c['rank']} {c['label']} {c['pct']:.0f}%"
                                                             for c in s["critical_path"])])

@@ -51,7 +51,7 @@ def _saved(store: Path) -> dict:
 #: is the costliest analysis and the findings do not depend on it.
 REQUIRED = ("phases", "temporal_breakdown", "stragglers", "imbalance", "imbalance_ops", "all_to_all_balance",
             "collectives", "overlap", "exposed_comm", "kernel_breakdown", "pipeline_shape", "pipeline_bubbles",
-            "pipeline_slow_stages", "launch_stats")  # launch_stats: the clock-offset caveat (caveats.py)
+            "pipeline_slow_stages", "launch_stats", "clock_offsets")  # launch_stats: the clock-offset caveat (caveats.py)
 
 
 def missing_results(store: str | os.PathLike, runs: list[str]) -> dict[str, list[str]]:
@@ -125,8 +125,35 @@ def open_runs(store: str | os.PathLike, run: str | None, progress=None):
         con.close()
         raise TraceAnalyzerError(f"{store}: no run '{run}' in the store (runs: {', '.join(runs_all)})")
     runs = [run] if run is not None else runs_all
+    if missing_results(store, runs) and not _writable(store):
+        _results_in_memory(con, store, runs, progress)  # a read-only store: computed, not saved
+        return con, runs
     if missing_results(store, runs):
         con.close()
         ensure_results(store, runs, runs_all, progress)
         con = connect(store)  # the result views are created when the store is opened
     return con, runs
+
+
+def _writable(store) -> bool:
+    from ..store.files import writable
+    return writable(Path(store))
+
+
+def _results_in_memory(con, store, runs: list[str], progress=None) -> None:
+    """The analyses of ``runs`` computed on ``con`` and put behind its ``result_<name>`` views
+    (the store cannot keep them: it is read-only)."""
+    import warnings
+
+    import pandas as pd
+
+    from ..analyses.results import compute
+    from ..errors import StoreWarning
+    warnings.warn(StoreWarning(f"{store}: the store is read-only: results not saved in it"), stacklevel=3)
+    if progress:
+        progress(f"analysing {', '.join(runs)} in memory")
+    parts = [compute(con, run=r) for r in runs]
+    for name in S.RESULTS:
+        df = pd.concat([p[name] for p in parts], ignore_index=True)
+        con.register(f"_mem_result_{name}", df)
+        con.execute(f"CREATE OR REPLACE VIEW result_{name} AS SELECT * FROM _mem_result_{name}")

@@ -41,6 +41,8 @@ def _run(rr: RunReport, fig_dir: Path | None, fig_rel: str) -> list[str]:
     if not s["steps"]:
         out += ["No step ranges in the trace (ProfilerStep#N, or NVTX `step N` ranges in an nsys export): "
                 "per-step analyses (stragglers, phases, imbalance, what-if replay) cannot run.", ""]
+    if s.get("clocks"):
+        out += [md(s["clocks"][0].upper() + s["clocks"][1:]) + ".", ""]
     if s["pipeline"]:
         p = s["pipeline"]
         out += [f"Pipeline: {p['stages']} stages x {p['stages_per_rank']}, {p['microbatches']:g} micro-batches, "

@@ -45,6 +45,9 @@ def job_shape(data: RunData) -> dict:
                              "measured_bubble_pct": float(bub["bubble_pct"].median()) if not bub.empty else None,
                              "stage_to_rank": {int(k): v for k, v in stages.items()},
                              "pipelines": pipelines or {0: {int(k): v for k, v in stages.items()}}}
+    from ..analyses.clocks import clock_note
+    ph_steps = ph["step_ns"].median() if not ph.empty else None
+    shape["clocks"] = clock_note(data.r("clock_offsets"), ph_steps, len(shape["hosts"]) or None)
     cp = data.r("critical_path_summary")
     if not cp.empty:  # saved by a full `analyze` only (see load.REQUIRED)
         top = cp.groupby(["rank", "label"])["path_ns"].sum().sort_values(ascending=False)

@@ -78,10 +78,20 @@ def read_manifest(store: Path) -> Manifest:
 
 def write_manifest(store: Path, manifest: Manifest) -> None:
     tmp = store / f".{MANIFEST}.{uuid.uuid4().hex}.tmp"
-    tmp.write_text(manifest.to_json())
-    with open(tmp, "rb") as fh:
-        os.fsync(fh.fileno())
-    os.replace(tmp, store / MANIFEST)  # the commit point
+    try:
+        tmp.write_text(manifest.to_json())
+        with open(tmp, "rb") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, store / MANIFEST)  # the commit point
+    except OSError as exc:  # disk full, read-only: the old manifest stands
+        tmp.unlink(missing_ok=True)
+        raise StoreError(f"{store}: cannot write the store manifest ({exc.strerror or exc}); "
+                         "the store is unchanged") from None
+
+
+def writable(store: Path) -> bool:
+    """Can this process write the store (results, lock)? False on a read-only store."""
+    return os.access(store, os.W_OK | os.X_OK)
 
 
 def _is_trace_name(p: Path) -> bool:
@@ -126,7 +136,9 @@ def locked(store: Path):
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
             break
-        except FileExistsError:
+        except OSError as exc:
+            if not isinstance(exc, FileExistsError):
+                raise StoreError(f"{store}: cannot take the store lock {lock} ({exc.strerror or exc})") from None
             try:
                 pid = int(lock.read_text().strip() or 0)
             except (OSError, ValueError):
@@ -138,8 +150,12 @@ def locked(store: Path):
     else:
         raise StoreError(f"{store}: cannot take the store lock {lock}")
     try:
-        os.write(fd, str(os.getpid()).encode())
-        os.close(fd)
+        try:
+            os.write(fd, str(os.getpid()).encode())
+        except OSError as exc:  # disk full: an empty lock file is taken over as stale
+            raise StoreError(f"{store}: cannot write the store lock {lock} ({exc.strerror or exc})") from None
+        finally:
+            os.close(fd)
         yield
     finally:
         lock.unlink(missing_ok=True)
@@ -183,6 +199,8 @@ def collect_garbage(store: Path, manifest: Manifest) -> None:
             path.unlink(missing_ok=True)
     for staging in store.glob(".staging-*"):  # we hold the lock: no other ingest is staging
         shutil.rmtree(staging, ignore_errors=True)
+    for tmp in [*store.glob(f".{MANIFEST}.*.tmp"), *store.glob(".write-test-*")]:  # left by a killed writer
+        tmp.unlink(missing_ok=True)
 
 
 # -- reading ---------------------------------------------------------------------------------
@@ -205,7 +223,8 @@ def open_store(store: str | os.PathLike, read_only_db: str | None = None):
     store = Path(store)
     if not (store / MANIFEST).exists():
         raise StoreError(not_a_store(store))
-    manifest = read_manifest(store)
+    from .check import healthy
+    manifest = healthy(store, read_manifest(store))  # a damaged run is left out (one warning line)
     con = duckdb.connect(read_only_db or ":memory:")
     for name, table in S.TABLES.items():
         files = [str(store / f) for f in manifest.files(name)]

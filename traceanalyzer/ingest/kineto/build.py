@@ -21,6 +21,7 @@ from ...errors import TraceInputError
 from .classify import STEP_RE, classify
 from .reader import Event, RawTrace
 from .timeparse import us_text_to_ns
+from .validate import INT32_MAX, OutOfRange, add_checked, check_meta, check_rank, int_in, named
 
 _FILE_RANK_RE = re.compile(r"(?:^|[^a-z])(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 
@@ -58,13 +59,13 @@ def _id(value) -> int | None:
         return None
     if isinstance(value, bool):
         return int(value)
+    if isinstance(value, float) and value == value and abs(value) != float("inf"):
+        value = int(value)
     if isinstance(value, int):
-        return value
-    if isinstance(value, float):
-        return int(value)
+        return int_in("id", value)
     text = str(value)
     if text.lstrip("-").isdigit():
-        return int(text)
+        return int_in("id", int(text))
     return -1 - (zlib.crc32(text.encode()) & 0x7FFFFFFF)
 
 
@@ -75,7 +76,7 @@ def _int_or_none(value) -> int | None:
         return value
     try:
         return int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # 1e400 decodes as inf
         return None
 
 
@@ -94,15 +95,39 @@ def _raw_column(raws: list) -> pa.Array:
     return pa.LargeStringArray.from_buffers(len(raws), pa.py_buffer(offsets), pa.py_buffer(buf)).cast(pa.string())
 
 
-def _int_column(values: list) -> pa.Array:
-    """int64 column from ints/None; other values (text ids) through :func:`_id`."""
+def _int_column(values: list, what: str = "id") -> pa.Array:
+    """int64 column from ints/None; other values (text ids) through :func:`_id`; a number
+    beyond int64 raises :class:`OutOfRange` naming ``what``."""
     try:
         return pa.array(values, pa.int64())
     except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError):
-        return pa.array([_id(v) for v in values], pa.int64())
+        try:
+            return pa.array([_id(v) for v in values], pa.int64())
+        except OutOfRange:
+            bad = next((v for v in values if _out_of_int64(v)), None)
+            raise OutOfRange(what, bad) from None
+
+
+def _out_of_int64(value) -> bool:
+    try:
+        _id(value)
+    except OutOfRange:
+        return True
+    return False
 
 
 def resolve_rank(trace: RawTrace, rank_arg: int | None) -> tuple[int, str]:
+    rank, source = _resolve_rank(trace, rank_arg)
+    rank = check_rank(trace.path, rank, source)
+    info = trace.meta.get("distributedInfo")
+    world = _int_or_none(info.get("world_size")) if isinstance(info, dict) else None
+    if world is not None and rank >= world:
+        raise TraceInputError(trace.path, f"rank {rank} (from the {source.replace('_', ' ')}) is not in "
+                                          f"[0, world_size {world})")
+    return rank, source
+
+
+def _resolve_rank(trace: RawTrace, rank_arg: int | None) -> tuple[int, str]:
     info = trace.meta.get("distributedInfo")
     if isinstance(info, dict) and _int_or_none(info.get("rank")) is not None:
         return int(info["rank"]), "distributedInfo"
@@ -116,6 +141,19 @@ def resolve_rank(trace: RawTrace, rank_arg: int | None) -> tuple[int, str]:
 
 
 def build_tables(trace: RawTrace, rank_arg: int | None = None) -> RankTables:
+    """The canonical tables of one trace; a value that does not fit its column (type or range)
+    is refused with one line naming the file and the field (:mod:`.validate`)."""
+    check_meta(trace.path, trace.meta)
+    try:
+        return _build_tables(trace, rank_arg)
+    except ValueError as exc:  # OutOfRange and friends: say which value
+        raise TraceInputError(trace.path, str(exc)) from None
+    except RecursionError:
+        from .reader import TOO_DEEP
+        raise TraceInputError(trace.path, TOO_DEEP) from None
+
+
+def _build_tables(trace: RawTrace, rank_arg: int | None = None) -> RankTables:
     rank, rank_source = resolve_rank(trace, rank_arg)
     skipped = trace.skipped
     base_ns = _int_or_none(trace.meta.get("baseTimeNanoseconds")) or 0
@@ -144,22 +182,24 @@ def build_tables(trace: RawTrace, rank_arg: int | None = None) -> RankTables:
         cols = {
             "ph": pa.array([e.ph for e in xs], pa.string()),
             "cat": _str_column([e.cat for e in xs]), "name": _str_column([e.name for e in xs]),
-            "pid": _int_column([e.pid for e in xs]), "tid": _int_column([e.tid for e in xs]),
+            "pid": _int_column([e.pid for e in xs], "pid"), "tid": _int_column([e.tid for e in xs], "tid"),
             "ts": us_text_to_ns_checked(trace, [e.ts for e in xs]),
             "dur": us_text_to_ns_checked(trace, [e.dur for e in xs]),
             "args": _raw_column(args),
-            "ext": _int_column([i.external_id for i in ids]), "corr": _int_column([i.correlation for i in ids]),
-            "stream": _int_column([i.stream for i in ids]), "device": _int_column([i.device for i in ids]),
+            "ext": _int_column([i.external_id for i in ids], "args.External id"),
+            "corr": _int_column([i.correlation for i in ids], "args.correlation"),
+            "stream": _int_column([i.stream for i in ids], "args.stream"),
+            "device": _int_column([i.device for i in ids], "args.device"),
         }
         del args, ids
         batches.append(_events_table(cols, base_ns, skipped, first_id))
         first_id += len(xs)
-        flows["flow_id"] += [_id(e.id) for e in fl]
+        flows["flow_id"] += [named(_id, "flow id", e.id) for e in fl]
         flows["cat"] += [str(e.cat) for e in fl]
         flows["ph"] += [e.ph for e in fl]
         flows["ts"].append(us_text_to_ns_checked(trace, [e.ts for e in fl]))
-        flows["pid"] += [_id(e.pid) for e in fl]
-        flows["tid"] += [_id(e.tid) for e in fl]
+        flows["pid"] += [named(_id, "pid", e.pid) for e in fl]
+        flows["tid"] += [named(_id, "tid", e.tid) for e in fl]
         del xs, fl, cols
 
     trace.events_raw = []  # release the file's bytes
@@ -174,7 +214,7 @@ def build_tables(trace: RawTrace, rank_arg: int | None = None) -> RankTables:
     flows_t = _flows_table(flows, base_ns, skipped)
     pgs = _process_groups_table(trace.meta.get("distributedInfo"))
     start = int(pc.min(events["ts_ns"]).as_py())
-    end = int(pc.max(pc.add(events["ts_ns"], events["dur_ns"])).as_py())
+    end = int(pc.max(add_checked(events["ts_ns"], events["dur_ns"], "ts + dur")).as_py())
     ranks = _rank_row(trace, rank_source, base_ns, meta_events, events, start, end, skipped)
     tables = {"events": events, "steps": steps, "threads": threads, "flows": flows_t,
               "process_groups": pgs, "ranks": ranks}
@@ -219,6 +259,9 @@ def _events_table(cols: dict[str, pa.Array], base_ns: int, skipped: Counter, fir
     ts = cols["ts"]
     dur = cols["dur"]
     n = len(ts)
+    lowest = pc.min(ts).as_py()
+    if lowest is not None and lowest < 0:
+        raise ValueError(f"negative timestamp (ts {lowest / 1000:g} us): Kineto writes none; the trace is damaged")
     no_ts = pc.is_null(ts).to_numpy(zero_copy_only=False)
     is_instant = pc.equal(cols["ph"], "i").to_numpy(zero_copy_only=False)
     dur_np = pc.fill_null(dur, 0).to_numpy(zero_copy_only=False)
@@ -240,7 +283,7 @@ def _events_table(cols: dict[str, pa.Array], base_ns: int, skipped: Counter, fir
     table = pa.table({
         "event_id": pa.array(np.arange(first_id, first_id + n, dtype=np.int64)),
         "ph": cols["ph"], "cat": cols["cat"], "kind": kind, "name": cols["name"],
-        "ts_ns": pc.add(ts, base_ns), "dur_ns": pa.array(dur_np), "pid": cols["pid"], "tid": cols["tid"],
+        "ts_ns": add_checked(ts, base_ns, "baseTimeNanoseconds + ts"), "dur_ns": pa.array(dur_np), "pid": cols["pid"], "tid": cols["tid"],
         "is_gpu": is_gpu_a, "device": device.cast(pa.int32()), "stream": stream,
         "correlation": cols["corr"], "external_id": cols["ext"],
         "step": pa.nulls(n, pa.int32()), "nested": pa.nulls(n, pa.bool_()), "args_json": cols["args"],
@@ -258,7 +301,7 @@ def _steps_table(events: pa.Table) -> pa.Table:
         m = STEP_RE.match(name)
         if not m:
             continue
-        step = int(m.group(1))
+        step = int_in(f"step number of {name[:40]!r}", int(m.group(1)), 0, INT32_MAX)
         lo, hi = ranges.get(step, (ts, ts + dur))
         ranges[step] = [min(lo, ts), max(hi, ts + dur)]
     steps = sorted(ranges)
@@ -355,7 +398,7 @@ def _threads_table(meta_events: list[Event], events: pa.Table) -> pa.Table:
             names[key] = name
     counts = events.group_by(["pid", "tid", "is_gpu"]).aggregate([("event_id", "count")]).to_pydict()
     seen = {(p, t): (g, c) for p, t, g, c in zip(counts["pid"], counts["tid"], counts["is_gpu"], counts["event_id_count"])}
-    keys = sorted(set(seen) | set(names), key=lambda k: (k[0] is None, k))
+    keys = sorted(set(seen) | set(names), key=lambda k: (k[0] is None, k[0] or 0, k[1] is None, k[1] or 0))
     gpu_pids = {p for (p, _), (g, _) in seen.items() if g}
     return pa.table({
         "pid": pa.array([k[0] for k in keys], pa.int64()),
@@ -380,7 +423,7 @@ def _flows_table(flows: dict[str, list], base_ns: int, skipped: Counter) -> pa.T
     ts = pa.chunked_array(flows["ts"], pa.int64()).combine_chunks() if flows["ts"] else pa.array([], pa.int64())
     t = pa.table({
         "flow_id": pa.array(flows["flow_id"], pa.int64()), "cat": pa.array(flows["cat"], pa.string()),
-        "ph": pa.array(flows["ph"], pa.string()), "ts_ns": pc.add(ts, base_ns),
+        "ph": pa.array(flows["ph"], pa.string()), "ts_ns": add_checked(ts, base_ns, "baseTimeNanoseconds + ts of a flow"),
         "pid": pa.array(flows["pid"], pa.int64()), "tid": pa.array(flows["tid"], pa.int64()),
     }, schema=S.FLOWS.arrow_schema)
     missing = t.num_rows - pc.count(t["ts_ns"]).as_py()

@@ -7,9 +7,7 @@ C and a typed decode creates no dicts, which keeps the garbage collector out of 
 """
 from __future__ import annotations
 
-import gzip
 import re
-import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,6 +16,11 @@ from typing import Any, Iterator
 import msgspec
 
 from ...errors import TraceInputError
+from .validate import check_duplicate_keys, decode_meta
+
+#: the one message for JSON nested deeper than the reader allows (msgspec stops at Python's
+#: recursion limit, about 1,000 levels; Kineto traces and FR dumps nest a few levels)
+TOO_DEEP = "JSON nested too deeply (more than about 1,000 levels; traces and dumps nest a few): the file is damaged"
 
 #: Events decoded per chunk: large enough to amortise call overhead, small enough to bound memory.
 CHUNK_EVENTS = 10_000
@@ -55,16 +58,24 @@ class RawTrace:
             part = self.events_raw[start:start + size]
             blob = b"[" + b",".join(part) + b"]"
             try:
+                blob.decode("utf-8")  # args stay raw: their bytes are checked here, one chunk at a time
+            except UnicodeDecodeError:
+                # invalid UTF-8 bytes (seen in C++ symbol names, anywhere in args): replace, count.
+                part = [_repair_utf8(raw, self.skipped) for raw in part]
+                blob = b"[" + b",".join(part) + b"]"
+            try:
                 yield decoder.decode(blob)
                 continue
-            except msgspec.DecodeError as exc:
-                if "utf-8" in str(exc).lower():
-                    # Names with invalid UTF-8 bytes (seen in C++ symbol names): replace, count.
-                    part = [_repair_utf8(raw, self.skipped) for raw in part]
+            except RecursionError:
+                raise TraceInputError(self.path, TOO_DEEP) from None
+            except msgspec.DecodeError:
+                pass
             good = []
             for raw in part:
                 try:
                     good.append(one.decode(raw))
+                except RecursionError:
+                    raise TraceInputError(self.path, TOO_DEEP) from None
                 except msgspec.DecodeError:
                     self.skipped["malformed_event"] += 1
             yield good
@@ -85,19 +96,10 @@ _FFFD = "\ufffd".encode()
 
 
 def read_bytes(path: Path) -> bytes:
-    """The file's bytes, gunzipped when it is gzip (by magic number, not by extension)."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise TraceInputError(path, f"cannot read file ({exc.strerror or exc})") from None
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except EOFError:
-            raise TraceInputError(path, "truncated gzip file (the compressed stream ends early)") from None
-        except (gzip.BadGzipFile, zlib.error, OSError) as exc:
-            raise TraceInputError(path, f"corrupt gzip data ({exc})") from None
-    return data
+    """The file's bytes, gunzipped when it is gzip (by magic number, not by extension), with
+    the uncompressed size bounded (:mod:`.gunzip`); FIFOs and devices are refused, not read."""
+    from .gunzip import read_bounded
+    return read_bounded(path)
 
 
 def read_trace(path: str | Path) -> RawTrace:
@@ -105,22 +107,30 @@ def read_trace(path: str | Path) -> RawTrace:
     path = Path(path)
     data = read_bytes(path)
     skipped: Counter = Counter()
-    top = _decode_top(path, data, skipped)
+    try:
+        top = _decode_top(path, data, skipped)
+    except RecursionError:
+        raise TraceInputError(path, TOO_DEEP) from None
     if not isinstance(top, dict):
         raise TraceInputError(path, "not a Kineto trace: the JSON top level is not an object")
     if "traceEvents" not in top:
         raise TraceInputError(path, "not a Kineto trace: no 'traceEvents' key")
+    check_duplicate_keys(path, data, top)
     try:
         events_raw = msgspec.json.decode(top.pop("traceEvents"), type=list[msgspec.Raw])
     except msgspec.ValidationError:
         raise TraceInputError(path, "not a Kineto trace: 'traceEvents' is not a list") from None
+    except RecursionError:
+        raise TraceInputError(path, TOO_DEEP) from None
     if not events_raw:
         raise TraceInputError(path, "the trace has no events ('traceEvents' is empty)")
     meta = {}
     for key, raw in top.items():
         try:
-            meta[key] = msgspec.json.decode(raw)
-        except msgspec.DecodeError:
+            meta[key] = decode_meta(path, key, raw)
+        except RecursionError:
+            raise TraceInputError(path, TOO_DEEP) from None
+        except ValueError:
             skipped["malformed_metadata"] += 1
     return RawTrace(path, meta, events_raw, len(data), skipped)
 

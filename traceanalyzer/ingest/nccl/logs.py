@@ -27,7 +27,6 @@ are lines starting with ``#`` (NCCL writes none; they annotate test fixtures).
 """
 from __future__ import annotations
 
-import gzip
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,9 +83,8 @@ def read_nccl_log(path: str | Path, rank: int | None = None) -> NcclLog:
     """Parse one log. ``rank`` (the --rank argument) is used only when the log cannot tell."""
     path = Path(path)
     try:
-        raw = path.read_bytes()
-        if path.suffix == ".gz":
-            raw = gzip.decompress(raw)
+        from ..kineto.gunzip import read_bounded  # streaming, bounded; refuses FIFOs
+        raw = read_bounded(path, "NCCL log")
     except (OSError, EOFError) as exc:
         raise TraceInputError(path, f"cannot read NCCL log ({getattr(exc, 'strerror', None) or exc})") from None
     text = raw.decode("utf-8", errors="replace")

@@ -25,7 +25,6 @@ Records or lines that do not parse are skipped and counted.
 """
 from __future__ import annotations
 
-import gzip
 import json
 import re
 from pathlib import Path
@@ -45,9 +44,8 @@ _BARE = re.compile(r'(:\s*)(0x[0-9a-fA-F]+|(?!(?:true|false|null)\b)[A-Za-z_][A-
 
 def _read_text(path: Path, what: str) -> str:
     try:
-        raw = path.read_bytes()
-        if path.suffix == ".gz":
-            raw = gzip.decompress(raw)
+        from ..kineto.gunzip import read_bounded  # streaming, bounded; refuses FIFOs
+        raw = read_bounded(path, what)
     except (OSError, EOFError) as exc:
         raise TraceInputError(path, f"cannot read {what} ({getattr(exc, 'strerror', None) or exc})") from None
     return raw.decode("utf-8", errors="replace")

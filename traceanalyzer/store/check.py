@@ -1,0 +1,203 @@
+"""Damage to a store stays with the run it hits.
+
+* :func:`damaged_runs`: the runs whose listed files are missing, truncated (no Parquet footer)
+  or unreadable as listed (a rank outside int32); :func:`~.files.open_store` leaves them out of
+  every view and says so in one warning line, so that ``info``, ``analyze``, ``report``, ``sql``,
+  ``export`` and ``diff`` keep working on the healthy runs.
+* :func:`check_store` (``traceanalyzer check STORE``): the damaged runs, plus the junk a killed
+  writer leaves (unlisted files, ``._store.json.*.tmp``, staging folders, a lock of a dead
+  process), each with what to do; ``repair=True`` drops the damaged runs' listings and removes
+  the junk, in one atomic manifest commit under the store lock.
+* :func:`remove_run` (``traceanalyzer rm STORE --run R``): the same commit, for a run the user names.
+
+The check reads four bytes per listed file (its footer magic), never the data.
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import schema as S
+from ..errors import StoreError, StoreWarning
+from . import files as st
+
+_PARQUET_MAGIC = b"PAR1"
+_INT32_MAX = 2**31 - 1
+
+
+def file_problem(path: Path) -> str | None:
+    """None for a file that looks like whole Parquet, else what is wrong with it."""
+    try:
+        size = path.stat().st_size
+        if size < 12:
+            return "truncated"
+        with open(path, "rb") as fh:
+            if fh.read(4) != _PARQUET_MAGIC:
+                return "not Parquet"
+            fh.seek(size - 4)
+            if fh.read(4) != _PARQUET_MAGIC:
+                return "truncated"
+    except FileNotFoundError:
+        return "missing"
+    except OSError as exc:
+        return f"unreadable ({exc.strerror or exc})"
+    return None
+
+
+def damaged_runs(store: Path, manifest: st.Manifest) -> dict[str, str]:
+    """run -> what is wrong (the first problem found), for every damaged run."""
+    out: dict[str, str] = {}
+    for entry in manifest.traces + manifest.sidecars:
+        run = entry.get("run", "?")
+        if run in out:
+            continue
+        rank = entry.get("rank")
+        if not isinstance(rank, int) or not 0 <= rank <= _INT32_MAX:
+            out[run] = f"rank {rank!r} is outside [0, {_INT32_MAX}]"
+            continue
+        for rel in entry.get("files", {}).values():
+            problem = file_problem(store / rel)
+            if problem:
+                out[run] = f"{rel} is {problem}"
+                break
+    return out
+
+
+def healthy(store: Path, manifest: st.Manifest, warn: bool = True) -> st.Manifest:
+    """The manifest without its damaged runs (the same object when none is damaged); one warning
+    line per damaged run."""
+    bad = damaged_runs(store, manifest)
+    bad_results = [rel for r in manifest.extra.get("results", {}).values()
+                   for run, rel in r.get("files", {}).items() if run not in bad and file_problem(store / rel)]
+    if not bad and not bad_results:
+        return manifest
+    if warn:
+        for run, problem in sorted(bad.items()):
+            warnings.warn(StoreWarning(f"{store}: run '{run}' is damaged ({problem}) and left out; "
+                                       f"`traceanalyzer check {store}` says what to do"), stacklevel=3)
+        if bad_results:
+            warnings.warn(StoreWarning(f"{store}: saved result {bad_results[0]} is damaged and left out "
+                                       f"(`traceanalyzer analyze` recomputes it)"), stacklevel=3)
+    results = {name: dict(r, files={k: v for k, v in r.get("files", {}).items()
+                                    if k not in bad and v not in bad_results})
+               for name, r in manifest.extra.get("results", {}).items()}
+    return st.Manifest(manifest.schema_version, manifest.generation,
+                       [t for t in manifest.traces if t.get("run") not in bad],
+                       dict(manifest.extra, results=results) if results else dict(manifest.extra),
+                       [t for t in manifest.sidecars if t.get("run") not in bad])
+
+
+@dataclass
+class CheckReport:
+    store: str
+    damaged: dict[str, str] = field(default_factory=dict)
+    bad_results: list[str] = field(default_factory=list)  # saved result files missing or truncated
+    junk: list[str] = field(default_factory=list)  # relative paths of files/folders no manifest lists
+    stale_lock: bool = False
+    repaired: bool = False
+
+    @property
+    def ok(self) -> bool:
+        return not (self.damaged or self.bad_results or self.junk or self.stale_lock)
+
+    def text(self) -> str:
+        lines = []
+        for run, problem in sorted(self.damaged.items()):
+            lines.append(f"damaged run '{run}': {problem}" + (" -> its listing removed; re-ingest its traces"
+                                                                if self.repaired else ""))
+        for rel in self.bad_results:
+            lines.append(f"damaged saved result {rel}" + (" -> dropped; `traceanalyzer analyze` recomputes it"
+                                                           if self.repaired else ""))
+        if self.junk:
+            shown = ", ".join(self.junk[:5]) + (f" and {len(self.junk) - 5} more" if len(self.junk) > 5 else "")
+            lines.append(f"{len(self.junk)} leftover file(s) of an interrupted write: {shown}"
+                         + (" -> removed" if self.repaired else ""))
+        if self.stale_lock:
+            lines.append(f"stale lock {st.LOCK} (its process is gone)" + (" -> removed" if self.repaired else ""))
+        if self.ok:
+            return f"{self.store}: store OK"
+        if not self.repaired:
+            todo = []
+            if self.damaged:
+                todo.append(f"`traceanalyzer rm {self.store} --run RUN` (or `check --repair`) removes a damaged run, "
+                            "then re-ingest its traces")
+            todo.append(f"`traceanalyzer check {self.store} --repair` fixes all of the above")
+            lines.append("to do: " + "; ".join(todo))
+        return "\n".join(f"{self.store}: {line}" for line in lines)
+
+
+def check_store(store: str | os.PathLike, repair: bool = False) -> CheckReport:
+    store = Path(store)
+    if not (store / st.MANIFEST).exists():
+        raise StoreError(f"{store}: no traceanalyzer store here (missing {st.MANIFEST})")
+    manifest = st.read_manifest(store)
+    report = _inspect(store, manifest)
+    if repair and not report.ok:
+        with st.locked(store):  # takes over a lock of a dead process
+            manifest = st.read_manifest(store)
+            report = _inspect(store, manifest)
+            report.stale_lock = report.stale_lock or False
+            if report.damaged or report.bad_results:
+                fixed = healthy(store, manifest, warn=False)
+                _drop_results(fixed, report.bad_results)
+                fixed.generation += 1
+                st.write_manifest(store, fixed)
+                manifest = fixed
+            st.collect_garbage(store, manifest)
+        report.repaired = True
+    return report
+
+
+def _drop_results(manifest: st.Manifest, bad: list[str]) -> None:
+    for r in manifest.extra.get("results", {}).values():
+        r["files"] = {k: v for k, v in r.get("files", {}).items() if v not in bad}
+
+
+def _inspect(store: Path, manifest: st.Manifest) -> CheckReport:
+    report = CheckReport(str(store), damaged=damaged_runs(store, manifest))
+    for r in manifest.extra.get("results", {}).values():
+        for run, rel in r.get("files", {}).items():
+            if run not in report.damaged and file_problem(store / rel):
+                report.bad_results.append(rel)
+    live = {f for t in manifest.traces + manifest.sidecars for f in t.get("files", {}).values()}
+    live |= {f for r in manifest.extra.get("results", {}).values() for f in r.get("files", {}).values()}
+    for table in [*S.TABLES, "_results"]:
+        root = store / table
+        if root.exists():
+            report.junk += sorted(p.relative_to(store).as_posix() for p in root.rglob("*.parquet")
+                                  if p.relative_to(store).as_posix() not in live)
+    report.junk += sorted(p.name for p in store.iterdir()
+                          if p.name.startswith((f".{st.MANIFEST}.", ".staging-", ".write-test-")))
+    lock = store / st.LOCK
+    if lock.exists():
+        try:
+            pid = int(lock.read_text().strip() or 0)
+        except (OSError, ValueError):
+            pid = 0
+        report.stale_lock = not (pid and st._alive(pid))
+    return report
+
+
+def remove_run(store: str | os.PathLike, run: str) -> int:
+    """Remove every trace, per-process input and saved result of ``run`` in one atomic commit;
+    returns how many traces and inputs were listed."""
+    store = Path(store)
+    if not (store / st.MANIFEST).exists():
+        raise StoreError(f"{store}: no traceanalyzer store here (missing {st.MANIFEST})")
+    st.check_writable(store)
+    with st.locked(store):
+        manifest = st.read_manifest(store)
+        runs = sorted({t.get("run") for t in manifest.traces + manifest.sidecars})
+        if run not in runs:
+            raise StoreError(f"{store}: no run '{run}' in the store (runs: {', '.join(runs) or 'none'})")
+        n = sum(t.get("run") == run for t in manifest.traces + manifest.sidecars)
+        manifest.traces = [t for t in manifest.traces if t.get("run") != run]
+        manifest.sidecars = [t for t in manifest.sidecars if t.get("run") != run]
+        for r in manifest.extra.get("results", {}).values():
+            r["files"] = {k: v for k, v in r.get("files", {}).items() if k != run}
+        manifest.generation += 1
+        st.write_manifest(store, manifest)  # the commit point: the files go after it
+        st.collect_garbage(store, manifest)
+    return n
