@@ -2,6 +2,7 @@
 replay, report, export -- and the DuckDB connection's own methods, on a real shipped run."""
 from __future__ import annotations
 
+import gzip
 import json
 
 import pytest
@@ -45,3 +46,25 @@ def test_one_object_does_what_a_notebook_needs(store, tmp_path):
 def test_unknown_analysis_is_one_line(store):
     with ta.open(store) as s, pytest.raises(ta.TraceAnalyzerError, match="unknown analysis: nope"):
         s.analysis("nope")
+
+
+def test_what_the_notebooks_take_from_the_session(store, tmp_path):
+    """The measured job step (the replay's definition), the --fail-on check of a report, and
+    Perfetto's nesting rule on an exported file: what the notebooks need beyond analyses."""
+    with ta.open(store) as s:
+        res = s.replay({"actions": [{"action": "idealize", "ranks": [2]}]}, run="ddp4_slow2")
+        assert s.job_step_ns("ddp4_slow2") == pytest.approx(res.job_step_ns("measured_ns"))
+        assert s.job_step_ns("ddp4_slow2") > 20e6          # the 20 ms sleep is in every step
+        assert s.job_step_ns("no_such_run") is None         # unknown, not 0
+        rep = s.report(run="ddp4_slow2", replay=False)
+        broken = s.failures(rep, ["slowdown_pct>10"])
+        assert len(broken) == 1 and "slowdown_pct" in broken[0]
+        assert s.failures(rep, ["slowdown_pct>99"]) == []
+        out = s.export(tmp_path / "t.json.gz", rank=2)
+        assert s.validate_nesting(out) == []
+        doc = json.loads(gzip.open(out, "rt").read())
+        x = next(e for e in doc["traceEvents"] if e.get("ph") == "X" and float(e["dur"]) > 1)
+        outlives = dict(x, name="outlives", ts=float(x["ts"]) + float(x["dur"]) / 2, dur=float(x["dur"]))
+        doc["traceEvents"].append(outlives)                 # starts inside x, ends after it: Perfetto drops it
+        bad = s.validate_nesting(doc)
+        assert len(bad) == 1 and "'outlives'" in bad[0]

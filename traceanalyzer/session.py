@@ -9,6 +9,7 @@
     s.replay({"actions": [{"action": "idealize", "ranks": [2]}]}, run="ddp4")
     s.report("report.html", run="ddp4")
     s.export("ddp4_rank2.json", run="ddp4", rank=2)
+    s.job_step_ns("ddp4")                    # the measured job step, as the replay defines it
 
 It holds one DuckDB connection over the store (the canonical views, ``comms_nccl``, the saved
 ``result_*`` views), and everything else a DuckDB connection offers (``sql``, ``execute``,
@@ -90,6 +91,14 @@ class Session:
         from .replay import run_plan
         return run_plan(self.con, plan, run=run)
 
+    def job_step_ns(self, run: str) -> float | None:
+        """The measured job step of ``run`` from its ``steps`` (per rank the mean step, then the
+        slowest rank: ``replay.simulate.job_step_ns``, the number a replay's ``.job_step_ns()``
+        predicts); None when the run has no steps."""
+        from .replay.simulate import job_step_ns
+        steps = self.con.execute("SELECT rank, dur_ns FROM steps WHERE run = $run", {"run": run}).df()
+        return None if steps.empty else job_step_ns(steps, "dur_ns")
+
     def graph(self, run: str | None = None):
         """The replay's dependency graph of ``run`` (:class:`~traceanalyzer.replay.graph.Graph`), for
         :func:`traceanalyzer.replay.what_if`, ``identity`` and ``straggler_metrics``."""
@@ -117,9 +126,28 @@ class Session:
             write_report(rep, path, fmt)
         return rep
 
+    def failures(self, report, rules: list[str]) -> list[str]:
+        """The ``--fail-on`` rules (``"slowdown_pct>10"``, ...) that ``report`` (from :meth:`report`)
+        breaks, one line each; empty: it passes."""
+        from .report import failures
+        return failures(report, rules)
+
     def export(self, path: str | os.PathLike, run: str | None = None, rank: int | None = None,
                overlays: bool = True, flows: bool = True, replay_plan=None) -> Path:
         """A Chrome/Perfetto trace of ``rank`` (None: every rank) of ``run``, written to ``path``."""
         from .export import export_trace, write_trace
         return write_trace(export_trace(self.path, run=run, rank=rank, overlays=overlays, flows=flows,
                                         replay_plan=replay_plan), path)
+
+    @staticmethod
+    def validate_nesting(trace) -> list[str]:
+        """Perfetto's nesting rule checked on an exported trace (the path :meth:`export` returns, or
+        the trace as a dict): one line per complete event Perfetto would drop; empty: valid."""
+        if not isinstance(trace, dict):
+            import gzip
+            import json
+            p = Path(trace)
+            with (gzip.open(p, "rt") if p.suffix == ".gz" else open(p)) as f:
+                trace = json.load(f, parse_float=str)   # exact µs text: ns_from_us parses it
+        from .export.trace import validate_nesting
+        return validate_nesting(trace)
