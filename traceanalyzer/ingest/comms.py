@@ -318,8 +318,8 @@ class _Context:
         """Runloop thread -> process group, inferred from creation order: each gloo group
         creates its runloop threads when it is created, so sorted thread ids fall into
         consecutive blocks, one per group in pg_config order."""
-        tids = sorted({t["tid"] for t in self.threads if "gloo_runloop" in (t["name"] or "")}
-                      | self._runloop_tids)
+        tids = sorted(({t["tid"] for t in self.threads if "gloo_runloop" in (t["name"] or "")}
+                       | self._runloop_tids) - {None})     # an event without a tid names no thread
         groups = [name for name, pg in sorted(self.pgs.items(), key=lambda kv: _pg_order(kv[0]))
                   if "gloo" in (pg.get("backend_config") or self.info.get("backend") or "")
                   and self.rank in (pg.get("pg_ranks") or [self.rank])]
