@@ -14,4 +14,5 @@ WORKLOADS = {
     "pipeline": "traceanalyzer.workloads.pipeline",
     "moe": "traceanalyzer.workloads.moe",
     "desync": "traceanalyzer.workloads.desync",
+    "seqlen": "traceanalyzer.workloads.seqlen",
 }
