@@ -11,8 +11,8 @@ way, then per run: ingest -> report (``traceanalyzer.report``, its JSON document
     PYTHONPATH=$PWD python benchmarks/accuracy.py --corpus DIR --record-only
 
 The corpus folder is a cache: runs already recorded there (``DIR/runs/NAME/manifest.json``) are
-reused; ``DIR/reports/NAME.json`` caches each run's report and replay numbers (``--rescore``
-recomputes them, e.g. after changing the analyses). Clean runs are recorded ``--repeats`` times
+reused; ``DIR/analysis-CACHE/reports/NAME.json`` caches each run's report and replay numbers (``--cache NAME``:
+a fresh cache re-analyses every run, e.g. after changing the analyses). Clean runs are recorded ``--repeats`` times
 (``NAME``, ``NAME_r1``, ...) to measure the run-to-run spread the what-if target is relative to.
 Results are appended to ``benchmarks/RESULTS.md`` with the command and the machine.
 """
@@ -121,45 +121,56 @@ def record(corpus: Path, name: str, case: Case) -> Path:
     return dest
 
 
-def analyse(corpus: Path, name: str, run_dir: Path, culprit_ranks: list[int] | None, rescore: bool) -> dict:
-    """Ingest, report (JSON document) and replay one run; cached in corpus/reports/NAME.json."""
+def measured_step_ns(store: Path, run: str) -> float:
+    """The measured job step: per rank the mean of its steps, the slowest rank (as the replay's
+    ``job_step_ns``), from the store's ``steps``."""
+    from traceanalyzer.store import open_store
+    con = open_store(store)
+    try:
+        return float(con.execute("SELECT max(m) FROM (SELECT rank, avg(dur_ns) AS m FROM steps WHERE run = ? "
+                                 "GROUP BY rank)", [run]).fetchone()[0])
+    finally:
+        con.close()
+
+
+def analyse(cache: Path, name: str, run_dir: Path, culprit_ranks: list[int] | None, full: bool) -> dict:
+    """Ingest, report (JSON document) and replay one run; cached in CACHE/reports/NAME.json.
+    Not ``full`` (repeats of a clean run): the measured step only (the spread)."""
     from traceanalyzer import replay, report
     from traceanalyzer.errors import TraceInputError
     from traceanalyzer.ingest import ingest
-    out_path = corpus / "reports" / f"{name}.json"
-    if out_path.exists() and not rescore:
+    out_path = cache / "reports" / f"{name}.json"
+    if out_path.exists():
         return json.loads(out_path.read_text())
-    store = corpus / "store"
+    store = cache / "store"
     t0 = time.perf_counter()
     try:
         ingest([run_dir], store, run=name)
     except TraceInputError:   # already in the store (an interrupted pass)
         pass
-    rep = report.report_dict(report.build_report(store, run=name, figures=False))["runs"][0]
-    g = replay.build_graph(store, run=name)
-    sim = replay.Simulator(g)
-    ident = replay.what_if(g, {"actions": [{"action": "idealize", "ranks": "all"}]}, sim=sim)
-    doc = {"run": name, "report": rep, "measured_step_ns": ident.job_step_ns("measured_ns"),
-           "identity_step_ns": ident.job_step_ns("identity_ns"), "identity_error": ident.identity_error,
+    doc = {"run": name, "measured_step_ns": measured_step_ns(store, name),
            "ground_truth": json.loads((run_dir / "manifest.json").read_text()).get("ground_truth", {})}
-    if culprit_ranks:
-        plan = {"actions": [{"action": "idealize", "ranks": culprit_ranks}]}
-        w = replay.what_if(g, plan, sim=sim)
+    if full:
+        doc["report"] = report.report_dict(report.build_report(store, run=name, figures=False))["runs"][0]
+    if full and culprit_ranks:
+        g = replay.build_graph(store, run=name)
+        w = replay.what_if(g, {"actions": [{"action": "idealize", "ranks": culprit_ranks}]})
         doc["whatif"] = {"ranks": culprit_ranks, "identity_step_ns": w.job_step_ns("identity_ns"),
-                         "predicted_step_ns": w.job_step_ns()}
+                         "predicted_step_ns": w.job_step_ns(), "identity_error": w.identity_error}
     doc["analyse_s"] = time.perf_counter() - t0
     out_path.parent.mkdir(parents=True, exist_ok=True)
     out_path.write_text(json.dumps(sc.plain(doc)))
-    print(f"analysed {name}: {len(rep['findings'])} findings, {doc['analyse_s']:.0f} s", flush=True)
+    print(f"analysed {name}: {len(doc['report']['findings']) if full else '-'} findings, {doc['analyse_s']:.0f} s",
+          flush=True)
     return doc
 
 
-def structural(corpus: Path, pairs, run_dirs: dict) -> list[dict]:
+def structural(cache: Path, pairs, run_dirs: dict) -> list[dict]:
     """Each structural plan's predicted job step against the measured step of the real re-run."""
     from traceanalyzer import replay
     from traceanalyzer.errors import TraceInputError
     from traceanalyzer.ingest import ingest
-    store = corpus / "store"
+    store = cache / "store"
     out = []
     for run, action, target in pairs:
         if run not in run_dirs or target not in run_dirs:
@@ -171,8 +182,7 @@ def structural(corpus: Path, pairs, run_dirs: dict) -> list[dict]:
                 pass
         try:
             pred = replay.run_plan(store, {"actions": [action]}, run=run).job_step_ns()
-            meas = replay.what_if(replay.build_graph(store, run=target),
-                                  {"actions": [{"action": "idealize", "ranks": "all"}]}).job_step_ns("measured_ns")
+            meas = measured_step_ns(store, target)
         except Exception as exc:  # noqa: BLE001 - a failed plan is a result too
             out.append({"run": run, "plan": action, "target": target, "error": f"{type(exc).__name__}: {exc}"})
             continue
@@ -183,18 +193,29 @@ def structural(corpus: Path, pairs, run_dirs: dict) -> list[dict]:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--corpus", default="/tmp/traceanalyzer-accuracy", help="cache folder (runs, store, reports)")
-    p.add_argument("--only", default="*", help="glob over case names (twins are added)")
+    p.add_argument("--only", default="*", help="comma-separated globs over case names, analysed in that order "
+                                                "(twins are added)")
+    p.add_argument("--cached-only", action="store_true",
+                   help="record and analyse nothing: score the runs already analysed in the cache")
     p.add_argument("--repeats", type=int, default=2, help="recordings of each clean run (spread)")
     p.add_argument("--record-only", action="store_true")
-    p.add_argument("--rescore", action="store_true", help="re-analyse cached runs (after changing the code)")
+    p.add_argument("--cache", default="default",
+                   help="name of the analysis cache (CORPUS/analysis-NAME: store and per-run results); a new name "
+                        "re-analyses every run (e.g. after changing the code)")
     p.add_argument("--no-append", action="store_true", help="print, do not append to RESULTS.md")
     p.add_argument("--label", default="", help="a label for the RESULTS.md section (e.g. baseline)")
     a = p.parse_args(argv)
     corpus = Path(a.corpus)
     by_name = {c.name: c for c in CASES}
-    chosen = {c.name for c in CASES if fnmatch.fnmatch(c.name, a.only)}
+    globs = a.only.split(",")
+    chosen = {c.name for c in CASES if any(fnmatch.fnmatch(c.name, g) for g in globs)}
     chosen |= {by_name[n].twin for n in chosen if by_name[n].twin}
-    cases = [c for c in CASES if c.name in chosen]
+    cases = sorted((c for c in CASES if c.name in chosen),
+                   key=lambda c: min([i for i, g in enumerate(globs) if fnmatch.fnmatch(c.name, g)] or [len(globs)]))
+    cache = corpus / f"analysis-{a.cache}"
+    if a.cached_only:
+        done = {p.stem for p in (cache / "reports").glob("*.json")}
+        cases = [c for c in cases if c.name in done and (c.twin is None or c.twin in done)]
     t0 = time.perf_counter()
     run_dirs, failed = {}, []
     for name, case in all_runs(cases, a.repeats):
@@ -206,18 +227,16 @@ def main(argv=None) -> int:
     record_s = time.perf_counter() - t0
     if a.record_only:
         return 1 if failed else 0
-    if a.rescore:
-        shutil.rmtree(corpus / "store", ignore_errors=True)   # a run cannot be ingested twice
     docs = {}
     for name, case in all_runs(cases, a.repeats):
         if name not in run_dirs:
             continue
         gt = json.loads((run_dirs[name] / "manifest.json").read_text()).get("ground_truth", {})
         truth = sc.truth(gt)
-        docs[name] = analyse(corpus, name, run_dirs[name], truth.ranks if truth else None, a.rescore)
+        docs[name] = analyse(cache, name, run_dirs[name], truth.ranks if truth else None, full=name == case.name)
     shipped = Path(__file__).resolve().parents[1] / "traces"
     run_dirs.update({r: shipped / r for pair in SHIPPED_STRUCTURAL for r in (pair[0], pair[2])})
-    plans = structural(corpus, [s for s in STRUCTURAL + SHIPPED_STRUCTURAL if s[0] in run_dirs], run_dirs)
+    plans = structural(cache, [s for s in STRUCTURAL + SHIPPED_STRUCTURAL if s[0] in run_dirs], run_dirs)
     twins = {c.name: c.twin for c in cases}
     scores = sc.score_corpus(docs, twins, not_clean=NOT_CLEAN, structural=plans)
     text = sc.render(scores)
@@ -228,7 +247,7 @@ def main(argv=None) -> int:
             f"{__import__('torch').__version__}; {len(run_dirs)} runs (recording {record_s:.0f} s, total "
             f"{time.perf_counter() - t0:.0f} s)" + (f"; FAILED to record: {', '.join(failed)}" if failed else "") + "\n\n")
     print(head + text)
-    (corpus / "scores.json").write_text(json.dumps(sc.plain(scores), indent=1))
+    (cache / "scores.json").write_text(json.dumps(sc.plain(scores), indent=1))
     if not a.no_append:
         with open(RESULTS, "a") as f:
             f.write(head + text)

@@ -154,7 +154,7 @@ def score_corpus(docs: dict, twins: dict, not_clean=(), structural=()) -> dict:
         if twin is None:
             spreads[name] = spread(repeats(name))
             if name not in not_clean:
-                clean += [score_clean(d) for d in repeats(name)]
+                clean += [score_clean(d) for d in repeats(name) if "report" in d]
             continue
         t = truth(docs[name].get("ground_truth", {}))
         if t is not None:
