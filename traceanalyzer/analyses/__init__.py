@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 #: SQL modules in dependency order.
-MODULES = ("clock_offsets", "step_alignment", "collectives", "p2p", "phases", "annotations", "stragglers", "activity", "overlap", "breakdown", "imbalance", "gpu", "pipelines", "bubbles", "hta_compat")
+MODULES = ("clock_offsets", "step_alignment", "collectives", "p2p", "phases", "annotations", "stragglers", "activity", "overlap", "breakdown", "pipelines", "imbalance", "gpu", "bubbles", "hta_compat")
 
 #: Named parameters of the SQL modules: name -> (default, meaning). Units are in the names.
 PARAMETERS: dict[str, tuple[Any, str]] = {
