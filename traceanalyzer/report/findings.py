@@ -228,7 +228,7 @@ def _structural(data: RunData, taken: set) -> list[Finding]:
     """Candidates for a structural imbalance of a pipeline: a stage that computes more than the other
     stages by design (the last holds the loss and head, an uneven partition). Not a fault: the report
     keeps one only when the replay says rebalancing it is worth the slow-stage threshold
-    (:func:`traceanalyzer.report.whatif.confirm_structural`), never as a slow stage."""
+    (:func:`traceanalyzer.report.whatif.confirm_by_replay`), never as a slow stage."""
     sl = data.r("pipeline_slow_stages")
     if sl.empty or "is_structural" not in sl:
         return []

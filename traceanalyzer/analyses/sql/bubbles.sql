@@ -37,20 +37,23 @@ gaps AS (
         SELECT *, lead(lo_ns) OVER (PARTITION BY run, rank, step ORDER BY lo_ns) AS next_lo FROM islands)
     WHERE next_lo IS NOT NULL AND next_lo > hi_ns
 ),
-pending AS (  -- when each receive was outstanding (or a send blocked its caller), and the peer it waited on
-    -- A send blocks its stage only inside its enqueue call: gloo's send span stays open until the
-    -- peer takes the data while the stage goes on with its own work (the next micro-batch, or a
-    -- delay of its own), so an open send does not make a gap a stall -- the gap is the stage's own.
-    SELECT run, rank, CASE WHEN op = 'recv' THEN src_rank ELSE dst_rank END AS src_rank, enqueue_ts_ns AS lo_ns,
-           CASE WHEN op = 'recv' THEN greatest(coalesce(end_ts_ns, 0), enqueue_ts_ns + enqueue_dur_ns)
-                ELSE enqueue_ts_ns + enqueue_dur_ns END AS hi_ns
+pending AS (  -- when each receive (or send) was outstanding, and the peer it waited on
+    SELECT run, rank, CASE WHEN op = 'recv' THEN src_rank ELSE dst_rank END AS src_rank, op = 'send' AS is_send,
+           enqueue_ts_ns AS lo_ns, enqueue_ts_ns + enqueue_dur_ns AS call_end_ns,
+           greatest(coalesce(end_ts_ns, 0), enqueue_ts_ns + enqueue_dur_ns) AS hi_ns
     FROM comms WHERE op IN ('recv', 'send') AND enqueue_ts_ns IS NOT NULL
 ),
-charged AS (  -- the part of each gap during which a receive was pending, per source
+charged AS (  -- the part of each gap during which a receive was pending (or the stage waited on a send), per peer
+    -- gloo's send span stays open until the peer takes the data while the stage goes on with its own
+    -- work (the next micro-batch, a delay of its own): a gap under an open send is a wait on it only
+    -- inside the send call, or when the gap ends as the send completes (within p2p_wait_max_tail_ns);
+    -- otherwise the gap is the stage's own time
     SELECT g.run, g.rank, g.step, g.lo_ns, g.hi_ns, p.src_rank,
            least(g.hi_ns, p.hi_ns) - greatest(g.lo_ns, p.lo_ns) AS ns
     FROM gaps g JOIN pending p ON p.run = g.run AND p.rank = g.rank AND p.lo_ns < g.hi_ns AND p.hi_ns > g.lo_ns
     WHERE g.kind = 'gap'
+      AND (NOT p.is_send OR g.lo_ns < p.call_end_ns
+           OR (g.hi_ns >= p.hi_ns AND g.hi_ns <= p.hi_ns + getvariable('p2p_wait_max_tail_ns')))
 ),
 per_gap AS (
     SELECT run, rank, step, lo_ns, hi_ns, arg_max(src_rank, ns) AS src_rank, least(max(ns), hi_ns - lo_ns) AS stall_ns
