@@ -45,3 +45,20 @@ def test_no_import_cycles_between_stages():
                     "\n", " ").split('"""')[0]) and rank[other] > rank[stage]:
                 problems.append(f"{path.relative_to(ROOT)} imports {other}")
     assert not problems, problems
+
+
+def test_sql_modules_declare_what_they_read():
+    """Each SQL module's ``-- requires:`` line names exactly the modules whose views or macros it
+    reads (the binder trusts it: a missing one fails at bind time, an extra one costs time)."""
+    import re
+
+    from traceanalyzer.analyses import modules as M
+    owner = M.owner()
+    wrong = {}
+    for name, mod in M.modules().items():
+        body = re.sub(r"--[^\n]*", "", mod.text)
+        reads = {owner[v] for v in owner if owner[v] != name and re.search(rf"\b{v}\b", body)}
+        if reads != set(mod.requires):
+            wrong[name] = {"declared": sorted(mod.requires), "reads": sorted(reads)}
+    assert not wrong, wrong
+    assert M.closure(sorted(M.modules()))       # and no module requires itself through others

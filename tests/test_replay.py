@@ -103,8 +103,11 @@ def test_scale_plans_direction(graphs):
     assert (fast.steps["delta_ns"] < 0).all()
     slow_comm = replay.what_if(g, {"actions": [{"action": "scale_comm", "factor": 2.0}]})
     assert (slow_comm.steps["delta_ns"] >= 0).all() and slow_comm.steps["delta_ns"].sum() > 0
-    none = replay.what_if(g, {"actions": [{"action": "scale", "ops": "no-such-op", "factor": 3}]})
-    assert (none.steps["delta_ns"] == 0).all()
+    same = replay.what_if(g, {"actions": [{"action": "scale", "ops": "*", "factor": 1}]})
+    assert (same.steps["delta_ns"] == 0).all()
+    from traceanalyzer import TraceAnalyzerError
+    with pytest.raises(TraceAnalyzerError, match="matches no operation"):   # a silent no-op is an error
+        replay.what_if(g, {"actions": [{"action": "scale", "ops": "no-such-op", "factor": 3}]})
 
 
 def test_cli_replay_and_chrome_trace(store, tmp_path, run_cli):
@@ -149,7 +152,7 @@ def test_gpu_changes_reach_the_step_dlrm(graphs):
     def job(plan):
         return replay.what_if(g, {"actions": [plan]}).job_step_ns() / 1e6
 
-    base = job({"action": "scale", "ops": "no-such-op", "factor": 1})
+    base = job({"action": "scale", "ops": "*", "factor": 1})
     k2, k40 = (job({"action": "scale", "categories": ["compute_kernel"], "factor": f}) for f in (2, 40))
     assert base <= k2 < base * 1.1            # 2x of 1 ms of kernels: hidden behind the CPU
     assert k40 > base + 20, (base, k40)       # 40x: ~44 ms of kernels, the GPU now sets the step

@@ -100,6 +100,7 @@ def test_clean_runs_say_no_straggler_or_imbalance(run, doc, html_text):
 #: run -> (ranks idealised, injected delay per step in ms): ddp slow2 sleeps 20 ms per forward
 #: on rank 2; the pipeline's stage 2 sleeps 10 ms in each of 8 micro-batch forwards.
 INJECTED = {"ddp_gloo_4rank_slow2": ([2], 20.0), "pp_1f1b_4rank_slow2": ([2], 80.0)}
+TWINS = {"ddp_gloo_4rank_slow2": "ddp_gloo_4rank", "pp_1f1b_4rank_slow2": "pp_1f1b_4rank"}
 
 
 @pytest.mark.parametrize("run", list(INJECTED))
@@ -114,7 +115,10 @@ def test_replay_what_if_gives_back_the_injected_delay(run, doc):
     r = first["replay"]
     assert r["ranks"] == ranks and r["plan"] == {"actions": [{"action": "idealize", "ranks": ranks}]}
     saving_ms = r["saving_ns_per_step"] / 1e6
-    assert 0.5 * sleep_ms < saving_ms < 1.05 * sleep_ms, r
+    # the sleep may cost the step more than itself (a pipeline's p2p chain, a shared core): the
+    # measured effect against the clean run is the bound (issue 14)
+    effect_ms = doc[run]["metrics"]["step_ms"] - doc[TWINS[run]]["metrics"]["step_ms"]
+    assert 0.5 * sleep_ms < saving_ms < 1.05 * max(sleep_ms, effect_ms), (r, effect_ms)
     assert r["identity_step_ns"] - r["predicted_step_ns"] == pytest.approx(r["saving_ns_per_step"])
     # one denominator everywhere: the run's median step (the same % as the finding's headline)
     assert r["saving_pct"] == pytest.approx(100 * r["saving_ns_per_step"] / (doc[run]["metrics"]["step_ms"] * 1e6))

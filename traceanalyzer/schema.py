@@ -423,7 +423,7 @@ def describe() -> str:
 # prints with --json. Each is the output of one SQL view of traceanalyzer/analyses/sql/; the view's
 # columns must be exactly these (a test checks it). Bump RESULTS_VERSION when one changes.
 
-RESULTS_VERSION = "1.2"
+RESULTS_VERSION = "1.3"   # 1.2: launch_stats clock-offset columns; 1.3: pipeline_slow_stages structural columns
 
 
 def _r(name: str, doc: str, cols: list[tuple]) -> Table:
@@ -540,9 +540,14 @@ RESULTS: dict[str, Table] = {t.name: t for t in (
         ("schedule", STR, "", "detected schedule"), ("microbatches", F64, "", "detected m")]),
     _r("pipeline_slow_stages", "Pipeline stages whose own time exceeds the others' (slow stage first).", _RUN_RANK + [
         ("pipeline_id", I32, "", "the rank's pipeline (smallest global rank)"), ("stage", I64, "", "position"), ("own_ns_per_step", F64, _NS, "compute + own delays, median over steps"),
-        ("others_own_ns_per_step", F64, _NS, "median of the other stages of its pipeline"), ("excess_ns_per_step", F64, _NS, "own - others"),
-        ("excess_pct", F64, "%", "of the median step"), ("stall_caused_ns_per_step", F64, _NS, "stalls charged to it"),
-        ("is_finding", BOOL, "", "above slow_stage_min_excess_pct"), ("rank_order", I64, "", "1 = largest excess")]),
+        ("others_own_ns_per_step", F64, _NS, "median of the other stages of its pipeline"),
+        ("excess_ns_per_step", F64, _NS, "own host-side delays beyond the other stages' + compute beyond its DP peers'"),
+        ("excess_pct", F64, "%", "of the median step"),
+        ("structural_ns_per_step", F64, _NS, "compute beyond the other stages' of its pipeline (its role: loss/head, partition)"),
+        ("structural_pct", F64, "%", "of the median step"), ("stall_caused_ns_per_step", F64, _NS, "stalls charged to it"),
+        ("is_finding", BOOL, "", "excess above slow_stage_min_excess_pct"),
+        ("is_structural", BOOL, "", "not a finding, structural above slow_stage_min_excess_pct (replay decides)"),
+        ("rank_order", I64, "", "1 = largest excess")]),
     _r("critical_path", "Cross-rank critical path of each step, one row per hop (latest first).", [
         ("run", STR, "", "run name"), ("step", I32, "", "ProfilerStep"), ("hop", I64, "", "0 = the hop that ends the step"),
         ("rank", I32, "", "rank whose own time this is"), ("lo_ns", I64, _NS, "hop start (aligned clock: + clock_offsets.offset_ns)"), ("hi_ns", I64, _NS, "hop end"),

@@ -148,9 +148,15 @@ def typical_durations(g: Graph, reference: np.ndarray | None = None) -> np.ndarr
         member = d.groupby(["inst", "rank"], sort=False)["dur"].transform("sum")   # a member's POST may be split
         share = np.where(member > 0, d["dur"] / member.where(member > 0, 1), 0.0)
         members = d.assign(member=member, ref=is_ref[pi]).drop_duplicates(["inst", "rank"])
-        med = members[members["ref"]].groupby("inst")["member"].median()
+        med = members[members["ref"]].groupby("inst")["member"].median().reindex(d["inst"]).to_numpy()
+        # an instance no reference rank took part in (a p2p whose peer's side was not recorded, a
+        # gloo send span that stays open while its thread goes on to other work -- e.g. the next
+        # micro-batch's sleep): its typical time is the instance's transfer (min end - max arrival),
+        # not the member's own time, or idealising the rank would keep what it alone did
+        transfer = g.instances.set_index("inst")["transfer_ns"].reindex(d["inst"]).to_numpy(np.float64)
+        med = np.where(np.isnan(med), transfer, med)
         # never longer than the member's own (gloo's members finish at different times by design)
-        typ_member = np.fmin(med.reindex(d["inst"]).to_numpy(), member.to_numpy())
+        typ_member = np.fmin(med, member.to_numpy())
         out[pi] = np.rint(share * typ_member).astype(np.int64)
     return out
 

@@ -18,7 +18,7 @@ from .findings import Finding, median_step_ns, negatives, rank_findings
 from .load import RunData, load_run, open_runs
 from .metrics import run_metrics
 from .shape import job_shape, step_times
-from .whatif import REPLAY_MAX_EVENTS, RunReplay, apply_replay
+from .whatif import REPLAY_MAX_EVENTS, RunReplay, apply_replay, confirm_by_replay
 from .where import annotate
 
 #: Version of the report's JSON document; bump when a key changes meaning.
@@ -54,6 +54,7 @@ def build_run(data: RunData, figures: bool = True, store=None, replay: bool = Tr
     what-if replay (whatif.py), falling back to the analyses' estimates if replay fails."""
     findings = rank_findings(data)
     rp = apply_replay(store, data, findings, replay_max_events) if replay and store is not None else RunReplay("off", "replay not asked for")
+    findings = confirm_by_replay(data, findings)
     annotate(data, findings, median_step_ns(data))
     figs, errors = all_figures(data) if figures else ([], [])
     return RunReport(run=data.run, shape=job_shape(data), step_times=step_times(data), findings=findings,

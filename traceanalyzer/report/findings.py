@@ -37,7 +37,7 @@ EXPOSED_EVIDENCE_TOP = 3
 _SPECIFICITY = {"straggler": 0, "imbalance": 1, "slow_stage": 2}
 
 _TITLES = {"straggler": "Straggler", "imbalance": "Imbalance", "slow_stage": "Slow pipeline stage",
-           "exposed_comm": "Exposed communication"}
+           "exposed_comm": "Exposed communication", "structural": "Structural imbalance"}
 
 
 @dataclass
@@ -83,10 +83,24 @@ def pct_of(ns: float, step_ns: float) -> float:
 
 # -- one finding per analysis -------------------------------------------------------------------
 
+def pipeline_waiters(data: RunData) -> set:
+    """Pipeline ranks that did no more of their own work than their peers (pipeline_slow_stages:
+    own time beyond the same stage in the other replicas, or host-side delays beyond the other
+    stages): when such a rank arrives last at a data-parallel collective, it is late because its
+    pipeline stalled on another rank -- a victim, not a straggler."""
+    sl = data.r("pipeline_slow_stages")
+    if sl.empty:
+        return set()
+    return {int(r.rank) for r in sl.itertuples() if not (r.is_finding is True or r.is_finding == 1)}
+
+
 def _stragglers(data: RunData) -> list[Finding]:
     coll = data.r("collectives")
+    waiters = pipeline_waiters(data)
     out = []
     for s in data.r("stragglers").itertuples():
+        if int(s.rank) in waiters:
+            continue
         ev = [f"costs each peer {ms(s.delay_ns_per_step)} of waiting per step ({s.delay_pct:.1f}% of the step), "
               f"{ms(s.imposed_wait_ns_per_step)} summed over its peers",
               f"{s.pattern}: above the thresholds in {s.steps_flagged} of {s.steps} steps",
@@ -213,6 +227,31 @@ def _slow_stages(data: RunData) -> list[Finding]:
     return out
 
 
+def _structural(data: RunData, taken: set) -> list[Finding]:
+    """Candidates for a structural imbalance of a pipeline: a stage that computes more than the other
+    stages by design (the last holds the loss and head, an uneven partition). Not a fault: the report
+    keeps one only when the replay says rebalancing it is worth the slow-stage threshold
+    (:func:`traceanalyzer.report.whatif.confirm_by_replay`), never as a slow stage."""
+    sl = data.r("pipeline_slow_stages")
+    if sl.empty or "is_structural" not in sl:
+        return []
+    last = sl.groupby("pipeline_id")["stage"].transform("max")
+    out = []
+    for r, is_last in zip(sl.itertuples(), last == sl["stage"]):
+        if not (r.is_structural is True or r.is_structural == 1) or int(r.rank) in taken:
+            continue
+        why = "holds the loss and head" if is_last else "holds more of the model (an uneven partition)"
+        out.append(Finding("structural", f"{_TITLES['structural']}: stage {r.stage} (rank {r.rank}) {why}",
+                           float(r.structural_ns_per_step), float(r.structural_pct),
+                           f"stage {r.stage} (rank {r.rank}) {why}: it computes {ms(r.structural_ns_per_step)} per step "
+                           f"more than the other stages; rebalancing the partition could save up to that",
+                           rank=int(r.rank), stage=int(r.stage),
+                           evidence=[f"compute beyond the other stages' median: {ms(r.structural_ns_per_step)} per step "
+                                     f"({r.structural_pct:.1f}% of the step); no host-side delay of its own beyond "
+                                     f"theirs (this is the pipeline's structure, not a slow stage)"]))
+    return out
+
+
 def exposed_comm_per_step(data: RunData) -> pd.DataFrame:
     """Per step (mean over ranks): exposed communication, the part of it spent waiting for peers,
     and what overlap could recover.
@@ -308,7 +347,8 @@ def _merge_by_rank(found: list[Finding]) -> list[Finding]:
 def rank_findings(data: RunData) -> list[Finding]:
     """Every finding of a run, the largest recoverable time first."""
     step_ns = median_step_ns(data)
-    found = _merge_by_rank(_stragglers(data) + _imbalance(data) + _slow_stages(data)) + _exposed(data, step_ns)
+    found = _merge_by_rank(_stragglers(data) + _imbalance(data) + _slow_stages(data))
+    found += _structural(data, {f.rank for f in found if f.rank is not None}) + _exposed(data, step_ns)
     return sorted(found, key=lambda f: -f.recoverable_ns_per_step)
 
 

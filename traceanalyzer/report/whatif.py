@@ -39,7 +39,7 @@ REPLAY_MIN_PCT = 1.0
 REPLAY_MAX_EVENTS = 20_000_000
 
 #: Finding kinds a what-if applies to (the ones that name a rank).
-REPLAY_KINDS = ("straggler", "imbalance", "slow_stage")
+REPLAY_KINDS = ("straggler", "imbalance", "slow_stage", "structural")
 
 
 @dataclass
@@ -160,3 +160,26 @@ def replay_note(rp: RunReplay) -> str:
     if rp.status in ("failed", "skipped"):
         return f"Replay not used: {rp.reason}."
     return ""
+
+
+#: The finding threshold of each rank-finding kind (an analysis parameter, % of the median step).
+_THRESHOLDS = {"straggler": ("straggler_min_delay_pct", 10.0), "imbalance": ("imbalance_min_excess_pct", 5.0),
+               "slow_stage": ("slow_stage_min_excess_pct", 10.0), "structural": ("slow_stage_min_excess_pct", 10.0)}
+
+
+def confirm_by_replay(data: RunData, findings: list[Finding]) -> list[Finding]:
+    """The findings worth acting on. A rank finding whose what-if was replayed is kept only when
+    idealising its rank saves at least its kind's finding threshold (% of the median step): a rank
+    that looked slow but whose idealisation gives nothing back (a pipeline stage doing its role, a
+    rank that only waited) is not an alarm. A structural-imbalance candidate (findings._structural)
+    needs that replay: without one (off, failed, skipped) it is not reported; other findings
+    without a replay keep their estimates."""
+    out = []
+    for f in findings:
+        r = f.replay or {}
+        if f.kind in _THRESHOLDS and (r.get("status") == "ok" or f.kind == "structural"):
+            name, default = _THRESHOLDS[f.kind]
+            if not (r.get("status") == "ok" and f.recoverable_pct >= float(data.params.get(name, default))):
+                continue
+        out.append(f)
+    return out

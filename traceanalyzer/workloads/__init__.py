@@ -15,4 +15,5 @@ WORKLOADS = {
     "moe": "traceanalyzer.workloads.moe",
     "desync": "traceanalyzer.workloads.desync",
     "collectives": "traceanalyzer.workloads.collectives",
+    "seqlen": "traceanalyzer.workloads.seqlen",
 }

@@ -143,6 +143,21 @@ def fault_ground_truth(args: argparse.Namespace) -> dict:
             "imbalance_factor": args.imbalance_factor if imbalanced else 1.0}
 
 
+def injected_faults(args: argparse.Namespace, *, per_forward: int = 1) -> list[dict]:
+    """The faults this run injected, one dict each, for the manifest's ``ground_truth["faults"]``:
+    ``kind`` (slow_rank, imbalance), the ``rank``, and how much: ``injected_ms`` (sleep per step:
+    the per-forward sleep x ``per_forward`` forwards per step) or ``factor`` (x the others' work).
+    Workloads add their own (a pipeline's slow stage or worker, MoE routing skew, sequence lengths)."""
+    gt = fault_ground_truth(args)
+    out = []
+    if gt["slow_rank"] is not None:
+        out.append({"kind": "slow_rank", "rank": gt["slow_rank"], "sleep_ms": gt["slow_ms"],
+                    "injected_ms": gt["slow_ms"] * per_forward})
+    if gt["imbalance_rank"] is not None:
+        out.append({"kind": "imbalance", "rank": gt["imbalance_rank"], "factor": gt["imbalance_factor"]})
+    return out
+
+
 def layout(*, dp: int = 1, tp: int = 1, pp: int = 1, ep: int = 1, cp: int = 1,
            **placement: Any) -> dict[str, Any]:
     """The declared parallel layout for the manifest: every degree, plus where things live

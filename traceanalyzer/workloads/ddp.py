@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> None:
                     "bucket_mb": args.bucket_mb, "overlap": overlap, "batch": models.BATCH,
                     "delay_annotation": common.DELAY_ANNOTATION if args.annotate_delay else None,
                     "width": args.width, "depth": args.depth, "device": dev.type,
-                    **common.fault_ground_truth(args)}
+                    **common.fault_ground_truth(args), "faults": common.injected_faults(args)}
     layout = common.layout(dp=world)
     with collect.profile(**common.profile_kwargs(args), layout=layout,
                          ground_truth=ground_truth) as prof:

@@ -57,7 +57,8 @@ def run(args: argparse.Namespace) -> None:
     work = common.imbalance_factor(args, rank)
     ground_truth = {"workload": "fsdp", "fsdp_version": 2, "model": args.model, "steps": args.steps,
                     "batch": models.BATCH, "reshard_after_forward": reshard, "device": dev.type,
-                    "shard_units": len(units) + 1, **common.fault_ground_truth(args)}
+                    "shard_units": len(units) + 1, **common.fault_ground_truth(args),
+                    "faults": common.injected_faults(args)}
     layout = common.layout(dp=world, dp_shard=world)
     with collect.profile(**common.profile_kwargs(args), layout=layout,
                          ground_truth=ground_truth) as prof:

@@ -171,6 +171,8 @@ def run(args: argparse.Namespace) -> None:
                     "expected_hot_share": expected_share(world, args.skew),
                     "all_to_alls_per_step": 5 * args.moe_layers,  # counts + 2 fwd + 2 bwd
                     **common.fault_ground_truth(args)}
+    ground_truth["faults"] = common.injected_faults(args) + (
+        [{"kind": "routing_skew", "rank": hot, "factor": args.skew}] if skewed else [])
     layout = common.layout(dp=world, ep=world, expert_to_rank=list(range(world)))
     with collect.profile(**common.profile_kwargs(args), layout=layout,
                          ground_truth=ground_truth) as prof:

@@ -149,6 +149,28 @@ def _all_reduce_grads(stage_params: list[list[torch.nn.Parameter]], group, dp: i
             offset += g.numel()
 
 
+def _faults(args: argparse.Namespace, n_stages: int, pp: int, dp: int, placement: list[int]) -> list[dict]:
+    """The injected faults for the manifest, with where they are: a slow stage (on every replica's
+    rank holding it), a slow worker (its global rank, replica and stages), an uneven partition.
+    ``injected_ms``: the sleep per step on the slowed rank (per micro-batch forward x micro-batches
+    x the rank's slowed stages)."""
+    out = []
+    if args.slow_ms > 0 and args.slow_stage is not None:
+        ranks = [d * pp + placement[args.slow_stage] for d in range(dp)]
+        out.append({"kind": "slow_stage", "stage": args.slow_stage, "ranks": ranks, "rank": ranks[0],
+                    "sleep_ms": args.slow_ms, "injected_ms": args.slow_ms * args.microbatches})
+    if args.slow_ms > 0 and args.slow_rank is not None:
+        stages = [s for s in range(n_stages) if placement[s] == args.slow_rank % pp]
+        out.append({"kind": "slow_worker" if dp > 1 else "slow_rank", "rank": args.slow_rank,
+                    "worker": {"replica": args.slow_rank // pp, "pp_rank": args.slow_rank % pp},
+                    "stages": stages, "sleep_ms": args.slow_ms,
+                    "injected_ms": args.slow_ms * args.microbatches * len(stages)})
+    if args.imbalance_rank is not None and args.imbalance_factor != 1.0:
+        out.append({"kind": "imbalance", "rank": args.imbalance_rank, "factor": args.imbalance_factor,
+                    "stages": [s for s in range(n_stages) if placement[s] == args.imbalance_rank % pp]})
+    return out
+
+
 def run(args: argparse.Namespace) -> None:
     rank, world, dev = common.init_distributed(args)
     n_stages = _check(args, world)
@@ -197,7 +219,8 @@ def run(args: argparse.Namespace) -> None:
                    and (s == args.slow_stage or (args.slow_rank is not None
                                                  and args.slow_rank % pp == placement[s]))]
     ground_truth.update(slow_stage=args.slow_stage if args.slow_ms > 0 else None,
-                        slow_stages=slow_stages, slow_ms=args.slow_ms if slow_stages else 0.0)
+                        slow_stages=slow_stages, slow_ms=args.slow_ms if slow_stages else 0.0,
+                        faults=_faults(args, n_stages, pp, dp, placement))
     # stage_to_rank: the pipeline rank of each stage (= the global rank when dp == 1);
     # rank_to_stages: indexed by global rank; pipelines / dp_groups: global ranks (dp > 1)
     extra = {}

@@ -39,16 +39,23 @@ gaps AS (
         SELECT *, lead(lo_ns) OVER (PARTITION BY run, rank, step ORDER BY lo_ns) AS next_lo FROM islands)
     WHERE next_lo IS NOT NULL AND next_lo > hi_ns
 ),
-pending AS (  -- when each receive (or blocking send) was outstanding, and the peer it waited on
-    SELECT run, rank, CASE WHEN op = 'recv' THEN src_rank ELSE dst_rank END AS src_rank, enqueue_ts_ns AS lo_ns,
+pending AS (  -- when each receive (or send) was outstanding, and the peer it waited on
+    SELECT run, rank, CASE WHEN op = 'recv' THEN src_rank ELSE dst_rank END AS src_rank, op = 'send' AS is_send,
+           enqueue_ts_ns AS lo_ns, enqueue_ts_ns + enqueue_dur_ns AS call_end_ns,
            greatest(coalesce(end_ts_ns, 0), enqueue_ts_ns + enqueue_dur_ns) AS hi_ns
     FROM comms WHERE op IN ('recv', 'send') AND enqueue_ts_ns IS NOT NULL
 ),
-charged AS (  -- the part of each gap during which a receive was pending, per source
+charged AS (  -- the part of each gap during which a receive was pending (or the stage waited on a send), per peer
+    -- gloo's send span stays open until the peer takes the data while the stage goes on with its own
+    -- work (the next micro-batch, a delay of its own): a gap under an open send is a wait on it only
+    -- inside the send call, or when the gap ends as the send completes (within p2p_wait_max_tail_ns);
+    -- otherwise the gap is the stage's own time
     SELECT g.run, g.rank, g.step, g.lo_ns, g.hi_ns, p.src_rank,
            least(g.hi_ns, p.hi_ns) - greatest(g.lo_ns, p.lo_ns) AS ns
     FROM gaps g JOIN pending p ON p.run = g.run AND p.rank = g.rank AND p.lo_ns < g.hi_ns AND p.hi_ns > g.lo_ns
     WHERE g.kind = 'gap'
+      AND (NOT p.is_send OR g.lo_ns < p.call_end_ns
+           OR (g.hi_ns >= p.hi_ns AND g.hi_ns <= p.hi_ns + getvariable('p2p_wait_max_tail_ns')))
 ),
 per_gap AS (
     SELECT run, rank, step, lo_ns, hi_ns, arg_max(src_rank, ns) AS src_rank, least(max(ns), hi_ns - lo_ns) AS stall_ns
@@ -103,27 +110,56 @@ SELECT g.run, g.rank, any_value(g.pipeline_id) AS pipeline_id, any_value(g.stage
 FROM grid g LEFT JOIN caused c USING (run, rank, step) LEFT JOIN own o USING (run, rank, step)
 GROUP BY g.run, g.rank;
 
--- The slow stage: a stage whose own time (compute + its own host-side delays, i.e. the step minus
--- its stalls, warm-up and cool-down) exceeds the median of the other stages of its pipeline by at least
--- slow_stage_min_excess_pct of the median step time (default 10), median over steps. Waiting never
--- makes a stage slow; the stages it held up show the stalls charged to it (pipeline_stall_causes).
+-- The slow stage: a stage whose own time beyond its role in the pipeline exceeds its peers' by at
+-- least slow_stage_min_excess_pct of the median step time (default 10), median over steps.
+-- Own time is compute (busy) plus its own host-side delays (other_idle: a sleep, a descheduled
+-- thread, a slow data loader), i.e. the step minus its stalls, warm-up and cool-down; waiting never
+-- makes a stage slow (the stages it held up show the stalls charged to it, pipeline_stall_causes).
+-- What is a fault and what is the pipeline's structure: stages compute different layers by design
+-- (the last holds the loss and head, partitions are rarely even), so
+--   * with replicas (PP x DP), a stage is compared with the ranks holding the same stage in the
+--     other replicas (its data-parallel peers): own time beyond theirs is its own fault, which
+--     finds the slow worker in its own stage and replica (the stages it holds up only stall);
+--   * without, only host-side delays beyond the median of the other stages count (no stage's role
+--     includes idling with nothing pending: a sleep, a descheduled thread); compute beyond the
+--     other stages' is structural.
+-- excess_ns_per_step = own time beyond the DP peers' (with replicas), else host-side excess;
+-- structural_ns_per_step = compute beyond the median of the other stages of its pipeline in every
+-- step (the minimum over steps: a partition is the same every step, contention is not), a candidate
+-- for rebalancing the partition, reported only when the replay says it is worth it.
 -- Columns: run, rank, pipeline_id, stage, own_ns_per_step, others_own_ns_per_step,
--- excess_ns_per_step, excess_pct, stall_caused_ns_per_step, is_finding, rank_order (1 = largest
--- excess in the run, all pipelines together).
+-- excess_ns_per_step, excess_pct, structural_ns_per_step, structural_pct, stall_caused_ns_per_step,
+-- is_finding, is_structural, rank_order (1 = largest excess in the run, all pipelines together).
 CREATE OR REPLACE TEMP VIEW pipeline_slow_stages AS
-WITH own AS (SELECT run, rank, pipeline_id, stage, step, step_ns, busy_ns + other_idle_ns AS own_ns FROM pipeline_bubbles),
+WITH own AS (SELECT run, rank, pipeline_id, stage, step, step_ns, busy_ns, other_idle_ns,
+                    busy_ns + other_idle_ns AS own_ns FROM pipeline_bubbles),
 cmp AS (
-    SELECT a.run, a.rank, a.pipeline_id, a.stage, a.step, a.step_ns, a.own_ns, median(b.own_ns) AS others_ns
+    SELECT a.run, a.rank, a.pipeline_id, a.stage, a.step, a.step_ns, a.own_ns, a.busy_ns, a.other_idle_ns,
+           median(b.own_ns) AS others_ns, median(b.busy_ns) AS others_busy_ns, median(b.other_idle_ns) AS others_idle_ns
     FROM own a JOIN own b ON a.run = b.run AND a.pipeline_id = b.pipeline_id AND a.step = b.step AND a.rank <> b.rank
-    GROUP BY a.run, a.rank, a.pipeline_id, a.stage, a.step, a.step_ns, a.own_ns
+    GROUP BY a.run, a.rank, a.pipeline_id, a.stage, a.step, a.step_ns, a.own_ns, a.busy_ns, a.other_idle_ns
+),
+dp_peers AS (  -- the same stage in the other replicas, same step
+    SELECT a.run, a.rank, a.step, median(b.own_ns) AS peer_own_ns
+    FROM own a JOIN own b ON a.run = b.run AND a.stage = b.stage AND a.step = b.step AND a.pipeline_id <> b.pipeline_id
+    GROUP BY ALL
+),
+excess AS (
+    SELECT c.*, coalesce(c.own_ns - d.peer_own_ns, c.other_idle_ns - c.others_idle_ns) AS excess_ns
+    FROM cmp c LEFT JOIN dp_peers d USING (run, rank, step)
 ),
 per_rank AS (
-    SELECT run, rank, any_value(pipeline_id) AS pipeline_id, any_value(stage) AS stage, median(own_ns) AS own_ns_per_step,
-           median(others_ns) AS others_own_ns_per_step, median(own_ns - others_ns) AS excess_ns_per_step,
-           100.0 * median(own_ns - others_ns) / nullif(median(step_ns), 0) AS excess_pct
-    FROM cmp GROUP BY run, rank
+    SELECT c.run, c.rank, any_value(c.pipeline_id) AS pipeline_id, any_value(c.stage) AS stage,
+           median(c.own_ns) AS own_ns_per_step, median(c.others_ns) AS others_own_ns_per_step,
+           median(c.excess_ns) AS excess_ns_per_step,
+           100.0 * median(c.excess_ns) / nullif(median(c.step_ns), 0) AS excess_pct,
+           min(c.busy_ns - c.others_busy_ns) AS structural_ns_per_step,
+           100.0 * min(c.busy_ns - c.others_busy_ns) / nullif(median(c.step_ns), 0) AS structural_pct
+    FROM excess c GROUP BY c.run, c.rank
 )
 SELECT p.*, c.stall_caused_ns_per_step,
        p.excess_pct >= getvariable('slow_stage_min_excess_pct') AS is_finding,
+       p.excess_pct < getvariable('slow_stage_min_excess_pct')
+           AND p.structural_pct >= getvariable('slow_stage_min_excess_pct') AS is_structural,
        row_number() OVER (PARTITION BY p.run ORDER BY p.excess_ns_per_step DESC, p.rank) AS rank_order
 FROM per_rank p LEFT JOIN pipeline_stall_causes c USING (run, rank);

@@ -13,7 +13,7 @@
 --   seqlen_min_corr           forward and backward durations correlated at least this much across
 --                             steps suggest sequence-length imbalance (default 0.9)
 --
--- requires: activity, phases
+-- requires: activity, phases, pipelines
 
 -- Columns: run, step, n_ranks, mean_ns, max_ns, min_ns, max_over_mean, cv, max_rank.
 CREATE OR REPLACE TEMP VIEW imbalance_steps AS
@@ -26,19 +26,30 @@ SELECT run, step, count(*) AS n_ranks, avg(compute_ns) AS mean_ns, max(compute_n
        stddev_pop(compute_ns) / nullif(avg(compute_ns), 0) AS cv, arg_max(rank, compute_ns) AS max_rank
 FROM per_rank GROUP BY ALL;
 
--- Per rank: compute relative to the mean of the ranks, median over steps; the finding rows.
+-- Per rank: compute relative to the mean of its peers, median over steps; the finding rows.
+-- Peers: every rank of the run, except in a pipeline (pipelines.sql), where a rank is compared
+-- only with the ranks holding the same stage in the other replicas (its data-parallel peers):
+-- stages do different work by design (the last one holds the loss and head, a partition is rarely
+-- even), which is the pipeline's structure, not an imbalance (bubbles.sql weighs the stages).
+-- A pipeline without replicas has no peers, hence no imbalance finding here.
 -- Columns: run, rank, compute_ns_per_step, ratio_to_mean, excess_ns_per_step, excess_pct (of the
 -- median step time), steps, steps_max (steps in which it did the most work), is_finding,
 -- rank_order (1 = most excess work).
 CREATE OR REPLACE TEMP VIEW imbalance_ranks AS
 WITH per_rank AS (
-    SELECT run, rank, step, sum(dur_ns) FILTER (WHERE n_compute > 0) AS compute_ns
-    FROM activity_segments GROUP BY ALL
+    SELECT a.run, a.rank, a.step, coalesce('stage ' || any_value(ps.stage), 'all') AS peers,
+           sum(a.dur_ns) FILTER (WHERE a.n_compute > 0) AS compute_ns
+    FROM activity_segments a LEFT JOIN pipeline_stages ps ON ps.run = a.run AND ps.rank = a.rank
+    GROUP BY a.run, a.rank, a.step
+),
+peer_steps AS (
+    SELECT run, peers, step, avg(compute_ns) AS mean_ns, arg_max(rank, compute_ns) AS max_rank
+    FROM per_rank GROUP BY ALL
 ),
 rel AS (
-    SELECT p.*, p.compute_ns / nullif(s.mean_ns, 0) AS ratio, p.compute_ns - s.mean_ns AS excess_ns,
+    SELECT p.* EXCLUDE (peers), p.compute_ns / nullif(s.mean_ns, 0) AS ratio, p.compute_ns - s.mean_ns AS excess_ns,
            s.max_rank = p.rank AS is_max
-    FROM per_rank p JOIN imbalance_steps s USING (run, step)
+    FROM per_rank p JOIN peer_steps s USING (run, peers, step)
 ),
 step_time AS (SELECT run, median(step_ns) AS step_ns FROM step_phases GROUP BY ALL),
 agg AS (

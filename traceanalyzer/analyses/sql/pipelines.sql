@@ -70,14 +70,26 @@ SELECT run, pipeline_id, n_stages, stages_per_rank, microbatches, schedule,
        100.0 * (n_stages - 1) / (stages_per_rank * microbatches + n_stages - 1) AS theoretical_bubble_pct
 FROM shape WHERE n_stages > 1;
 
--- Stage order: rank -> position in its pipeline (0 = first), from the time of its first send.
+-- Stage order: rank -> position in its pipeline (0 = first): the order in which the pipeline's ranks
+-- first send in each (aligned) step, on the shared clock, median over steps. Data flows from stage 0,
+-- so no stage sends before the stages upstream of it have sent -- however late the step of a rank
+-- starts or however long stage 0 takes before its first send (a slow first stage). Times relative to
+-- each rank's own step start are not comparable: a rank whose step starts late (it waited for a
+-- data-parallel collective) would look upstream of the stage that feeds it.
 -- Columns: run, rank, pipeline_id, stage.
 CREATE OR REPLACE TEMP VIEW pipeline_stages AS
+WITH first_sends AS (
+    SELECT c.run, c.rank, a.aligned_step AS step, min(c.enqueue_ts_ns) AS first_send
+    FROM comms c JOIN step_alignment a USING (run, rank, window_id, step)
+    WHERE c.op = 'send' GROUP BY ALL
+),
+positions AS (
+    SELECT f.run, f.rank, m.pipeline_id,
+           row_number() OVER (PARTITION BY f.run, m.pipeline_id, f.step ORDER BY f.first_send, f.rank) AS pos
+    FROM first_sends f JOIN pipeline_members m USING (run, rank)
+)
 SELECT run, rank, pipeline_id,
-       row_number() OVER (PARTITION BY run, pipeline_id ORDER BY median(first_send), rank) - 1 AS stage
-FROM (SELECT c.run, c.rank, c.step, min(c.enqueue_ts_ns) - any_value(s.start_ts_ns) AS first_send
-      FROM comms c JOIN steps s USING (run, rank, window_id, step)
-      WHERE c.op = 'send' GROUP BY ALL)
-JOIN pipeline_members USING (run, rank)
+       row_number() OVER (PARTITION BY run, pipeline_id ORDER BY median(pos), rank) - 1 AS stage
+FROM positions
 SEMI JOIN pipeline_shape USING (run, pipeline_id)
 GROUP BY run, rank, pipeline_id;

@@ -1,0 +1,258 @@
+"""Accuracy benchmark: do the report's findings and the replay's what-ifs match the ground truth?
+
+Records a corpus of real runs of our own workloads (torchrun, gloo, CPU; the faults each run injected
+are in its manifest's ``ground_truth["faults"]``), each fault run with a clean twin recorded the same
+way, then per run: ingest -> report (``traceanalyzer.report``, its JSON document) -> replay
+("idealise the culprit", and structural plans against real re-runs), and scores the lot with
+``benchmarks/accuracy_score.py`` (per analysis and overall, targets beside them; see that module).
+
+    PYTHONPATH=$PWD python benchmarks/accuracy.py --corpus /tmp/acc_corpus            # record what is missing, score
+    PYTHONPATH=$PWD python benchmarks/accuracy.py --corpus DIR --only 'pp*' --no-append
+    PYTHONPATH=$PWD python benchmarks/accuracy.py --corpus DIR --record-only
+
+The corpus folder is a cache: runs already recorded there (``DIR/runs/NAME/manifest.json``) are
+reused; ``DIR/analysis-CACHE/reports/NAME.json`` caches each run's report and replay numbers (``--cache NAME``:
+a fresh cache re-analyses every run, e.g. after changing the analyses). Clean runs are recorded ``--repeats`` times
+(``NAME``, ``NAME_r1``, ...) to measure the run-to-run spread the what-if target is relative to.
+Results are appended to ``benchmarks/RESULTS.md`` with the command and the machine.
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import accuracy_score as sc  # noqa: E402
+
+from traceanalyzer.workloads.launch import LaunchError, launch  # noqa: E402
+
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+LAUNCH_TIMEOUT_S = 300
+PP = ["pipeline", "--microbatches", "8"]
+PPDP = ["pipeline", "--schedule", "1f1b", "--microbatches", "4", "--dp", "2"]
+MOE = ["moe", "--tokens", "256", "--ffn-mult", "32"]
+
+
+@dataclass
+class Case:
+    name: str
+    nproc: int
+    args: list
+    twin: str | None = None      # the clean twin of a fault run (None: this is a clean run)
+
+
+#: The corpus. Delays are sized to stand well above the run-to-run spread of 2-8 ranks on 2 cores.
+CASES = [
+    Case("ddp2", 2, ["ddp"]), Case("ddp4", 4, ["ddp"]), Case("ddp8", 8, ["ddp"]),
+    Case("ddp4_slow2", 4, ["ddp", "--slow-rank", "2", "--slow-ms", "20"], "ddp4"),
+    Case("ddp8_slow5", 8, ["ddp", "--slow-rank", "5", "--slow-ms", "40"], "ddp8"),
+    Case("ddp2_imb1", 2, ["ddp", "--imbalance-rank", "1", "--imbalance-factor", "3"], "ddp2"),
+    Case("ddp2_nooverlap", 2, ["ddp", "--no-overlap"], "ddp2"),
+    Case("fsdp2", 2, ["fsdp"]),
+    Case("fsdp2_slow1", 2, ["fsdp", "--slow-rank", "1", "--slow-ms", "20"], "fsdp2"),
+    Case("pp_1f1b4", 4, PP + ["--schedule", "1f1b"]),
+    Case("pp_1f1b4_stage2", 4, PP + ["--schedule", "1f1b", "--slow-stage", "2", "--slow-ms", "10"], "pp_1f1b4"),
+    Case("pp_1f1b4_rank1", 4, PP + ["--schedule", "1f1b", "--slow-rank", "1", "--slow-ms", "10"], "pp_1f1b4"),
+    Case("pp_gpipe4", 4, PP + ["--schedule", "gpipe"]),
+    Case("pp_gpipe4_stage1", 4, PP + ["--schedule", "gpipe", "--slow-stage", "1", "--slow-ms", "10"], "pp_gpipe4"),
+    Case("pp_gpipe4_rank2", 4, PP + ["--schedule", "gpipe", "--slow-rank", "2", "--slow-ms", "10"], "pp_gpipe4"),
+    Case("pp_int4", 4, PP + ["--schedule", "interleaved1f1b", "--stages-per-rank", "2"]),
+    Case("pp_int4_stage5", 4, PP + ["--schedule", "interleaved1f1b", "--stages-per-rank", "2", "--slow-stage", "5",
+                                    "--slow-ms", "10"], "pp_int4"),
+    Case("pp_int4_rank1", 4, PP + ["--schedule", "interleaved1f1b", "--stages-per-rank", "2", "--slow-rank", "1",
+                                   "--slow-ms", "5"], "pp_int4"),
+    Case("ppdp_2x2", 4, PPDP), Case("ppdp_4x2", 8, PPDP),
+    Case("ppdp_2x2_w1", 4, PPDP + ["--slow-rank", "1", "--slow-ms", "10"], "ppdp_2x2"),
+    Case("ppdp_4x2_w4", 8, PPDP + ["--slow-rank", "4", "--slow-ms", "10"], "ppdp_4x2"),
+    Case("moe4", 4, MOE), Case("moe4_skew2", 4, MOE + ["--skew", "4", "--skew-rank", "2"], "moe4"),
+    Case("seqlen4", 4, ["seqlen"]),
+    Case("seqlen4_jitter", 4, ["seqlen", "--jitter", "0.3"]),
+    Case("seqlen4_long1", 4, ["seqlen", "--jitter", "0.3", "--long-rank", "1", "--long-factor", "2"], "seqlen4_jitter"),
+]
+#: Clean runs that are not fault-free (a twin with per-step jitter): not counted as clean runs.
+NOT_CLEAN = {"seqlen4_jitter"}
+#: Structural what-ifs against real re-runs: (run, plan, run it should predict).
+STRUCTURAL = [
+    ("pp_1f1b4", {"action": "pipeline", "schedule": "gpipe", "microbatches": 8}, "pp_gpipe4"),
+    ("pp_gpipe4", {"action": "pipeline", "schedule": "1f1b", "microbatches": 8}, "pp_1f1b4"),
+    ("pp_1f1b4", {"action": "pipeline", "schedule": "interleaved1f1b", "microbatches": 8, "stages_per_rank": 2},
+     "pp_int4"),
+]
+#: Shipped pairs (traces/): (run, plan, run).
+SHIPPED_STRUCTURAL = [
+    ("ddp_gloo_2rank_big_b25", {"action": "ddp", "bucket_mb": 4}, "ddp_gloo_2rank_big_b4"),
+    ("pp_gpipe_2rank_m4", {"action": "pipeline", "schedule": "1f1b", "microbatches": 4}, "pp_1f1b_2rank_m4"),
+    ("pp_1f1b_2rank_m4", {"action": "pipeline", "schedule": "1f1b", "microbatches": 8}, "pp_1f1b_2rank_m8"),
+]
+
+
+def all_runs(cases, repeats: int) -> list[tuple[str, Case]]:
+    out = []
+    for c in cases:
+        out.append((c.name, c))
+        if c.twin is None:
+            out += [(f"{c.name}_r{i}", c) for i in range(1, repeats)]
+    return out
+
+
+def record(corpus: Path, name: str, case: Case) -> Path:
+    """Record one run into corpus/runs/NAME (reused when it is already there)."""
+    dest = corpus / "runs" / name
+    if (dest / "manifest.json").exists():
+        return dest
+    tmp = corpus / "tmp" / name
+    shutil.rmtree(tmp, ignore_errors=True)
+    t0 = time.perf_counter()
+    res = launch(case.nproc, case.args + ["--run-name", name], tmp, timeout=LAUNCH_TIMEOUT_S)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(dest, ignore_errors=True)
+    shutil.move(str(res.out_dir / name), str(dest))
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(f"recorded {name} ({case.nproc} ranks) in {time.perf_counter() - t0:.0f} s, attempts {res.attempts}",
+          flush=True)
+    return dest
+
+
+def measured_step_ns(store: Path, run: str) -> float:
+    """The measured job step: per rank the mean of its steps, the slowest rank (as the replay's
+    ``job_step_ns``), from the store's ``steps``."""
+    from traceanalyzer.store import open_store
+    con = open_store(store)
+    try:
+        return float(con.execute("SELECT max(m) FROM (SELECT rank, avg(dur_ns) AS m FROM steps WHERE run = ? "
+                                 "GROUP BY rank)", [run]).fetchone()[0])
+    finally:
+        con.close()
+
+
+def analyse(cache: Path, name: str, run_dir: Path, culprit_ranks: list[int] | None, full: bool) -> dict:
+    """Ingest, report (JSON document) and replay one run; cached in CACHE/reports/NAME.json.
+    Not ``full`` (repeats of a clean run): the measured step only (the spread)."""
+    from traceanalyzer import replay, report
+    from traceanalyzer.errors import TraceInputError
+    from traceanalyzer.ingest import ingest
+    out_path = cache / "reports" / f"{name}.json"
+    if out_path.exists():
+        return json.loads(out_path.read_text())
+    store = cache / "store"
+    t0 = time.perf_counter()
+    try:
+        ingest([run_dir], store, run=name)
+    except TraceInputError:   # already in the store (an interrupted pass)
+        pass
+    doc = {"run": name, "measured_step_ns": measured_step_ns(store, name),
+           "ground_truth": json.loads((run_dir / "manifest.json").read_text()).get("ground_truth", {})}
+    if full:
+        doc["report"] = report.report_dict(report.build_report(store, run=name, figures=False))["runs"][0]
+    if full and culprit_ranks:
+        g = replay.build_graph(store, run=name)
+        w = replay.what_if(g, {"actions": [{"action": "idealize", "ranks": culprit_ranks}]})
+        doc["whatif"] = {"ranks": culprit_ranks, "identity_step_ns": w.job_step_ns("identity_ns"),
+                         "predicted_step_ns": w.job_step_ns(), "identity_error": w.identity_error}
+    doc["analyse_s"] = time.perf_counter() - t0
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    out_path.write_text(json.dumps(sc.plain(doc)))
+    print(f"analysed {name}: {len(doc['report']['findings']) if full else '-'} findings, {doc['analyse_s']:.0f} s",
+          flush=True)
+    return doc
+
+
+def structural(cache: Path, pairs, run_dirs: dict) -> list[dict]:
+    """Each structural plan's predicted job step against the measured step of the real re-run."""
+    from traceanalyzer import replay
+    from traceanalyzer.errors import TraceInputError
+    from traceanalyzer.ingest import ingest
+    store = cache / "store"
+    out = []
+    for run, action, target in pairs:
+        if run not in run_dirs or target not in run_dirs:
+            continue
+        for r in (run, target):
+            try:
+                ingest([run_dirs[r]], store, run=r)
+            except TraceInputError:   # already in the store
+                pass
+        try:
+            pred = replay.run_plan(store, {"actions": [action]}, run=run).job_step_ns()
+            meas = measured_step_ns(store, target)
+        except Exception as exc:  # noqa: BLE001 - a failed plan is a result too
+            out.append({"run": run, "plan": action, "target": target, "error": f"{type(exc).__name__}: {exc}"})
+            continue
+        out.append({"run": run, "plan": action, "target": target, "predicted_step_ns": pred, "measured_step_ns": meas})
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--corpus", default="/tmp/traceanalyzer-accuracy", help="cache folder (runs, store, reports)")
+    p.add_argument("--only", default="*", help="comma-separated globs over case names, analysed in that order "
+                                                "(twins are added)")
+    p.add_argument("--cached-only", action="store_true",
+                   help="record and analyse nothing: score the runs already analysed in the cache")
+    p.add_argument("--repeats", type=int, default=2, help="recordings of each clean run (spread)")
+    p.add_argument("--record-only", action="store_true")
+    p.add_argument("--cache", default="default",
+                   help="name of the analysis cache (CORPUS/analysis-NAME: store and per-run results); a new name "
+                        "re-analyses every run (e.g. after changing the code)")
+    p.add_argument("--no-append", action="store_true", help="print, do not append to RESULTS.md")
+    p.add_argument("--label", default="", help="a label for the RESULTS.md section (e.g. baseline)")
+    a = p.parse_args(argv)
+    corpus = Path(a.corpus)
+    by_name = {c.name: c for c in CASES}
+    globs = a.only.split(",")
+    chosen = {c.name for c in CASES if any(fnmatch.fnmatch(c.name, g) for g in globs)}
+    chosen |= {by_name[n].twin for n in chosen if by_name[n].twin}
+    cases = sorted((c for c in CASES if c.name in chosen),
+                   key=lambda c: min([i for i, g in enumerate(globs) if fnmatch.fnmatch(c.name, g)] or [len(globs)]))
+    cache = corpus / f"analysis-{a.cache}"
+    if a.cached_only:
+        done = {p.stem for p in (cache / "reports").glob("*.json")}
+        cases = [c for c in cases if c.name in done and (c.twin is None or c.twin in done)]
+    t0 = time.perf_counter()
+    run_dirs, failed = {}, []
+    for name, case in all_runs(cases, a.repeats):
+        try:
+            run_dirs[name] = record(corpus, name, case)
+        except LaunchError as exc:
+            failed.append(name)
+            print(f"FAILED to record {name}: {str(exc).splitlines()[0]}", flush=True)
+    record_s = time.perf_counter() - t0
+    if a.record_only:
+        return 1 if failed else 0
+    docs = {}
+    for name, case in all_runs(cases, a.repeats):
+        if name not in run_dirs:
+            continue
+        gt = json.loads((run_dirs[name] / "manifest.json").read_text()).get("ground_truth", {})
+        truth = sc.truth(gt)
+        docs[name] = analyse(cache, name, run_dirs[name], truth.ranks if truth else None, full=name == case.name)
+    shipped = Path(__file__).resolve().parents[1] / "traces"
+    run_dirs.update({r: shipped / r for pair in SHIPPED_STRUCTURAL for r in (pair[0], pair[2])})
+    plans = structural(cache, [s for s in STRUCTURAL + SHIPPED_STRUCTURAL if s[0] in run_dirs], run_dirs)
+    twins = {c.name: c.twin for c in cases}
+    scores = sc.score_corpus(docs, twins, not_clean=NOT_CLEAN, structural=plans)
+    text = sc.render(scores)
+    cmd = "PYTHONPATH=$PWD python benchmarks/accuracy.py " + " ".join(argv if argv is not None else sys.argv[1:])
+    head = (f"\n## Accuracy{(' (' + a.label + ')') if a.label else ''}: `benchmarks/accuracy.py`, "
+            f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n`{cmd}`  \n"
+            f"{platform.node()}: {os.cpu_count()} cores, {platform.python_version()}, torch "
+            f"{__import__('torch').__version__}; {len(run_dirs)} runs (recording {record_s:.0f} s, total "
+            f"{time.perf_counter() - t0:.0f} s)" + (f"; FAILED to record: {', '.join(failed)}" if failed else "") + "\n\n")
+    print(head + text)
+    (cache / "scores.json").write_text(json.dumps(sc.plain(scores), indent=1))
+    if not a.no_append:
+        with open(RESULTS, "a") as f:
+            f.write(head + text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Accuracy (issue 14) on shipped runs: clean runs of every parallelism shape give no finding, the
+culprit of a pipeline fault comes first, the pipeline what-if against its clean twin -- and the
+benchmark's scoring (benchmarks/accuracy_score.py) itself: a wrong analysis must score lower.
+
+One store and one report of every run (module fixture, replay on, no figures).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import TRACES
+
+import traceanalyzer as ta
+from traceanalyzer import replay, report
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+import accuracy_score as sc  # noqa: E402
+
+#: Clean runs of every shape: 1F1B, GPipe, Interleaved1F1B (4 stages), PP x DP (2 x 2), DDP 2 and 4 ranks.
+CLEAN = ["pp_1f1b_4rank_pinned", "pp_gpipe_4rank", "pp_interleaved_4rank", "pp_1f1b_2x2_dp",
+         "ddp_gloo_2rank", "ddp_gloo_4rank"]
+#: 1F1B, 4 stages, rank 1 sleeping 10 ms in every micro-batch forward, and its clean twin (same flags, pinned)
+FAULT, TWIN = "pp_1f1b_4rank_slow1", "pp_1f1b_4rank_pinned"
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    s = tmp_path_factory.mktemp("accuracy") / "store"
+    for run in dict.fromkeys(CLEAN + [FAULT, TWIN]):
+        ta.ingest([TRACES / run], s, run=run, progress=False, workers=1)
+    return s
+
+
+@pytest.fixture(scope="module")
+def docs(store):
+    """run -> the report's JSON document of that run (``runs[i]``)."""
+    rep = report.report_dict(report.build_report(store, figures=False))
+    return {r["run"]: r for r in rep["runs"]}
+
+
+def _measured(store, run) -> float:
+    con = ta.open(store)
+    try:
+        return float(con.execute("SELECT max(m) FROM (SELECT rank, avg(dur_ns) AS m FROM steps WHERE run = ? "
+                                 "GROUP BY rank)", [run]).fetchone()[0])
+    finally:
+        con.close()
+
+
+@pytest.fixture(scope="module")
+def scored(store, docs):
+    """The benchmark's docs of the fault run and its twin (as benchmarks/accuracy.py makes them)."""
+    gt = json.loads((TRACES / FAULT / "manifest.json").read_text())["ground_truth"]
+    t = sc.truth(gt)
+    w = replay.what_if(replay.build_graph(store, run=FAULT), {"actions": [{"action": "idealize", "ranks": t.ranks}]})
+    fault = {"run": FAULT, "report": docs[FAULT], "measured_step_ns": _measured(store, FAULT), "ground_truth": gt,
+             "whatif": {"ranks": t.ranks, "identity_step_ns": w.job_step_ns("identity_ns"),
+                        "predicted_step_ns": w.job_step_ns()}}
+    twin = {"run": TWIN, "report": docs[TWIN], "measured_step_ns": _measured(store, TWIN),
+            "ground_truth": json.loads((TRACES / TWIN / "manifest.json").read_text())["ground_truth"]}
+    return {FAULT: fault, TWIN: twin}
+
+
+#: What a clean run may still report: exposed communication on the gloo CPU runs with collectives
+#: (DDP's buckets; the PP x DP workload all-reduces each stage's gradients after the pipeline step,
+#: overlapped with nothing). It is not an alarm about a rank and was there before issue 14; whether
+#: it is worth a finding on such runs is left open (see benchmarks/RESULTS.md, accuracy).
+EXPECTED = {"pp_1f1b_2x2_dp": {"exposed_comm"}, "ddp_gloo_2rank": {"exposed_comm"}, "ddp_gloo_4rank": {"exposed_comm"}}
+
+
+@pytest.mark.parametrize("run", CLEAN)
+def test_clean_runs_have_no_findings(run, docs):
+    """Healthy runs of every shape raise no alarm: a pipeline's structure (the last stage's loss and
+    head, the schedule's bubble) is not a slow stage or an imbalanced rank."""
+    found = [f"{f['kind']} rank {f['rank']} stage {f['stage']}: {f['recoverable_ns_per_step'] / 1e6:.1f} ms"
+             for f in docs[run]["findings"] if f["kind"] not in EXPECTED.get(run, set())]
+    assert found == []
+
+
+def test_pipeline_culprit_comes_first_and_no_victim_is_named(docs):
+    t = sc.truth(json.loads((TRACES / FAULT / "manifest.json").read_text())["ground_truth"])
+    assert (t.kind, t.ranks, t.injected_ms) == ("slow_rank", [1], 80.0)
+    f = docs[FAULT]["findings"]
+    assert f and sc.names_culprit(f[0], t), [(x["kind"], x["rank"]) for x in f]
+    assert sc.victims_named(f, t) == []
+
+
+def test_ground_truth_of_every_fault_kind():
+    """truth() reads the manifests' faults, and the flat keys of manifests older than issue 14."""
+    old = json.loads((TRACES / "pp_1f1b_4rank_slow2" / "manifest.json").read_text())["ground_truth"]
+    assert "faults" not in old and sc.truth(old).kind == "slow_stage" and sc.truth(old).ranks == [2]
+    assert sc.truth(json.loads((TRACES / "ddp_gloo_2rank_nooverlap" / "manifest.json").read_text())["ground_truth"]).kind \
+        == "no_overlap"
+    assert sc.truth(json.loads((TRACES / "ddp_gloo_2rank" / "manifest.json").read_text())["ground_truth"]) is None
+    assert sc.truth({"workload": "pipeline", "faults": [{"kind": "slow_worker", "rank": 5}]}).analysis \
+        == "pp x dp (slow worker)"
+
+
+def test_wrong_analyses_score_lower(scored):
+    """The scoring itself: naming a victim first, naming a victim besides the culprit, or a finding on
+    a clean run each lower the score of the real report."""
+    twins = {FAULT: TWIN, TWIN: None}
+    right = sc.score_corpus(scored, twins)
+    r = right["summary"]["overall"]
+    assert (r["cases"], r["detected"], r["victims"], r["clean_with_findings"]) == (1, 1, 0, 0)
+
+    swapped = copy.deepcopy(scored)        # the culprit's finding moved to a rank that only waited
+    swapped[FAULT]["report"]["findings"][0]["rank"] = 2
+    s = sc.score_corpus(swapped, twins)["summary"]["overall"]
+    assert s["detected"] == 0 and s["victims"] == 1 and s["score"] < r["score"]
+
+    victim = copy.deepcopy(scored)         # a victim named as a straggler after the culprit
+    extra = dict(victim[FAULT]["report"]["findings"][0], kind="straggler", rank=2)
+    victim[FAULT]["report"]["findings"].append(extra)
+    s = sc.score_corpus(victim, twins)["summary"]["overall"]
+    assert s["detected"] == 1 and s["victims"] == 1 and s["score"] < r["score"]
+
+    alarm = copy.deepcopy(scored)          # a false alarm on the clean twin
+    alarm[TWIN]["report"]["findings"].append(dict(scored[FAULT]["report"]["findings"][0], rank=3))
+    s = sc.score_corpus(alarm, twins)["summary"]["overall"]
+    assert s["clean_with_findings"] == 1 and s["score"] < r["score"]
+
+    good = copy.deepcopy(scored)           # a what-if that predicts the clean twin ...
+    good[FAULT]["whatif"].update(predicted_step_ns=scored[TWIN]["measured_step_ns"],
+                                 identity_step_ns=scored[FAULT]["measured_step_ns"])
+    g = sc.score_corpus(good, twins)["summary"]["overall"]
+    assert g["whatif_ok"] == 1 and g["s_ok"] == 1
+    off = copy.deepcopy(good)              # ... and one that predicts no gain at all
+    off[FAULT]["whatif"]["predicted_step_ns"] = scored[FAULT]["measured_step_ns"]
+    s = sc.score_corpus(off, twins)["summary"]["overall"]
+    assert s["whatif_ok"] == 0 and s["s_ok"] == 0 and s["score"] < g["score"]
+    assert "| overall |" in sc.render(right)
+
+
+@pytest.mark.xfail(strict=True, reason="not met yet: 'idealise rank 1' predicts ~89 ms against the twin's 39 ms "
+                                      "(the slow run's own step 162 ms); see benchmarks/RESULTS.md, accuracy")
+def test_pipeline_whatif_matches_the_clean_twin(scored):
+    """'Idealise rank 1' on the 1F1B run whose rank 1 sleeps: the predicted step against the clean
+    twin's measured step (target: max(10 %, 2 x the run-to-run spread); see benchmarks/RESULTS.md)."""
+    f = sc.score_fault(scored[FAULT], [scored[TWIN]], sc.truth(scored[FAULT]["ground_truth"]))
+    assert f["whatif_err"] <= PIPELINE_WHATIF_TOL, f
+    assert f["s_err"] <= PIPELINE_WHATIF_TOL, f
+
+
+#: max(10 %, 2 x the clean 4-rank 1F1B runs' run-to-run spread measured by benchmarks/accuracy.py)
+PIPELINE_WHATIF_TOL = 0.10
