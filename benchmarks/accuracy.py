@@ -136,9 +136,8 @@ def measured_step_ns(store: Path, run: str) -> float:
 def analyse(cache: Path, name: str, run_dir: Path, culprit_ranks: list[int] | None, full: bool) -> dict:
     """Ingest, report (JSON document) and replay one run; cached in CACHE/reports/NAME.json.
     Not ``full`` (repeats of a clean run): the measured step only (the spread)."""
-    from traceanalyzer import replay, report
+    from traceanalyzer import ingest, replay, report
     from traceanalyzer.errors import TraceInputError
-    from traceanalyzer.ingest import ingest
     out_path = cache / "reports" / f"{name}.json"
     if out_path.exists():
         return json.loads(out_path.read_text())
@@ -167,9 +166,8 @@ def analyse(cache: Path, name: str, run_dir: Path, culprit_ranks: list[int] | No
 
 def structural(cache: Path, pairs, run_dirs: dict) -> list[dict]:
     """Each structural plan's predicted job step against the measured step of the real re-run."""
-    from traceanalyzer import replay
+    from traceanalyzer import ingest, replay
     from traceanalyzer.errors import TraceInputError
-    from traceanalyzer.ingest import ingest
     store = cache / "store"
     out = []
     for run, action, target in pairs:
