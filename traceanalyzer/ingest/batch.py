@@ -392,12 +392,7 @@ def _commit(store: Path, manifest: st.Manifest, run: str, summaries: list[TraceS
     manifest.generation += 1
     gen = manifest.generation
     for s in summaries:
-        files = {}
-        for table, staged in s.staged.items():
-            rel = f"{st.partition_dir(table, run, s.rank, s.window)}/part-{gen}.parquet"
-            (store / rel).parent.mkdir(parents=True, exist_ok=True)
-            os.replace(staged, store / rel)
-            files[table] = rel
+        files = st.place(store, s.staged, run, s.rank, str(gen), s.window)
         manifest.traces.append({"run": run, "rank": s.rank, "window_id": s.window, "trace_file": s.path,
                                 "start_ts_ns": s.start_ts_ns, "end_ts_ns": s.end_ts_ns, "files": files,
                                 **({"job": s.job} if s.job else {})})

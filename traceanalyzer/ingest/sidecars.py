@@ -217,14 +217,8 @@ def check_unique(summaries: list[SidecarSummary], manifest: st.Manifest, run: st
 def commit(store: Path, manifest: st.Manifest, run: str, summaries: list[SidecarSummary], gen: int) -> None:
     """Move the staged files into their (run, rank) partitions and list them in the manifest
     (the caller writes the manifest: that is the commit point)."""
-    import os
     for i, s in enumerate(summaries):
-        files = {}
-        for table, staged in s.staged.items():
-            rel = f"{st.partition_dir(table, run, s.rank)}/part-{gen}-{i}.parquet"
-            (store / rel).parent.mkdir(parents=True, exist_ok=True)
-            os.replace(staged, store / rel)
-            files[table] = rel
+        files = st.place(store, s.staged, run, s.rank, f"{gen}-{i}")
         manifest.sidecars.append({"run": run, "rank": s.rank, "kind": s.kind, "source_file": s.path,
                                   "rank_source": s.rank_source, "counts": s.counts, "skipped": s.skipped,
                                   "files": files})

@@ -178,6 +178,19 @@ def partition_dir(table: str, run: str, rank: int, window_id: int | None = None)
     return f"{table}/run={run}/rank={rank}/window_id={window_id}"
 
 
+def place(store: Path, staged: dict[str, str], run: str, rank: int, part: str,
+          window_id: int | None = None) -> dict[str, str]:
+    """Move staged Parquet files (table -> path) into their partitions as ``part-<part>.parquet``;
+    returns table -> the path relative to the store, for the manifest (which the caller commits)."""
+    files = {}
+    for table, path in staged.items():
+        rel = f"{partition_dir(table, run, rank, window_id)}/part-{part}.parquet"
+        (store / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, store / rel)
+        files[table] = rel
+    return files
+
+
 def collect_garbage(store: Path, manifest: Manifest) -> None:
     """Remove files no manifest lists (left by an ingest that was killed) and old staging dirs."""
     live = {f for t in manifest.traces + manifest.sidecars for f in t["files"].values()}
