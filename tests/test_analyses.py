@@ -305,11 +305,15 @@ def test_pp_x_dp_has_one_pipeline_per_replica(pp_dp):
     assert stages == {0: (0, 0), 1: (0, 1), 2: (2, 0), 3: (2, 1)}
     parts = b["busy_ns"] + b["warmup_ns"] + b["cooldown_ns"] + b["stall_ns"] + b["other_idle_ns"]
     assert (parts == b["step_ns"]).all()
-    # stalls are charged to the rank's own pipeline partner, never to the other replica
+    # stalls are charged to the rank's own pipeline partner (a receive or send waiting on it) or to
+    # its data-parallel peer (waiting in the stage's gradient all_reduce for the other replica),
+    # never to a rank it has no dependency on
     con = ta.open(pp_dp)
     analyses.prepare(con)
     charged = set(con.execute("SELECT DISTINCT rank, caused_by_rank FROM pipeline_idle WHERE kind = 'stall'").fetchall())
-    assert charged == {(0, 1), (1, 0), (2, 3), (3, 2)}
+    pipeline_partners = {(0, 1), (1, 0), (2, 3), (3, 2)}
+    dp_peers = {(0, 2), (2, 0), (1, 3), (3, 1)}
+    assert pipeline_partners <= charged <= pipeline_partners | dp_peers
 
 
 def test_pp_x_dp_slow_stage_compares_within_its_pipeline(pp_dp):

@@ -423,7 +423,8 @@ def describe() -> str:
 # prints with --json. Each is the output of one SQL view of traceanalyzer/analyses/sql/; the view's
 # columns must be exactly these (a test checks it). Bump RESULTS_VERSION when one changes.
 
-RESULTS_VERSION = "1.3"   # 1.2: launch_stats clock-offset columns; 1.3: pipeline_slow_stages structural columns
+RESULTS_VERSION = "1.4"   # 1.2: launch_stats clock-offset columns; 1.3: pipeline_slow_stages structural columns;
+#                          1.4: serialized_comm, pipeline stalls on collectives and sends
 
 
 def _r(name: str, doc: str, cols: list[tuple]) -> Table:
@@ -468,6 +469,12 @@ RESULTS: dict[str, Table] = {t.name: t for t in (
     _r("overlap", "Communication/computation overlap per rank (HTA's definition).", _RUN_RANK + [
         ("comm_ns", I64, _NS, "merged communication time"), ("overlapped_ns", I64, _NS, "communication while compute ran"),
         ("exposed_ns", I64, _NS, "communication with no compute"), ("overlap_pct", F64, "%", "overlapped / comm")]),
+    _r("serialized_comm", "Data-parallel collectives issued only after the backward pass, per rank and step.", _RUN_RANK + [
+        ("step", I32, "", "aligned step"), ("backward_ns", I64, _NS, "the rank's backward phase"),
+        ("n_serial", I64, "", "all_reduce / reduce_scatter / all_gather enqueued between backward end and optimizer"),
+        ("serial_transfer_ns", I64, _NS, "their transfer time after the last member arrived, summed"),
+        ("last_transfer_ns", I64, _NS, "the last one's (no overlap hides it)"),
+        ("overlappable_ns", I64, _NS, "serial - last: what issuing them during backward could save")]),
     _r("exposed_comm", "Exposed communication intervals, largest first.", _RUN_RANK + [
         ("window_id", I32, "", "profiling window"), ("step", I32, "", "ProfilerStep"),
         ("lo_ns", I64, _NS, "interval start"), ("hi_ns", I64, _NS, "interval end"), ("exposed_ns", I64, _NS, "length"),
@@ -545,7 +552,8 @@ RESULTS: dict[str, Table] = {t.name: t for t in (
         ("excess_pct", F64, "%", "of the median step"),
         ("structural_ns_per_step", F64, _NS, "compute beyond the other stages' of its pipeline (its role: loss/head, partition)"),
         ("structural_pct", F64, "%", "of the median step"), ("stall_caused_ns_per_step", F64, _NS, "stalls charged to it"),
-        ("is_finding", BOOL, "", "excess above slow_stage_min_excess_pct"),
+        ("steps", I64, "", "steps compared"), ("steps_in_excess", I64, "", "steps in which its own time exceeded its peers'"),
+        ("is_finding", BOOL, "", "excess above slow_stage_min_excess_pct, in at least finding_min_steps_pct of the steps"),
         ("is_structural", BOOL, "", "not a finding, structural above slow_stage_min_excess_pct (replay decides)"),
         ("rank_order", I64, "", "1 = largest excess")]),
     _r("critical_path", "Cross-rank critical path of each step, one row per hop (latest first).", [

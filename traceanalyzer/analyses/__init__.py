@@ -42,6 +42,7 @@ PARAMETERS: dict[str, tuple[Any, str]] = {
     "clock_offset_min_launches": (10, "... over at least this many launches"),
     "idle_kernel_wait_ns": (30_000, "a gap between kernels of a stream shorter than this is 'kernel wait' (HTA: 30 us)"),
     "p2p_wait_max_tail_ns": (1_000_000, "a pipeline gap under an open send is a wait on it (a stall) only when it ends within this many ns after the send completes (else the stage's own time)"),
+    "finding_min_steps_pct": (75.0, "a slow stage is a finding only when its own time exceeds its peers' in at least this % of the steps (one noisy step of a healthy run is not a fault)"),
     "slow_stage_min_excess_pct": (10.0, "a pipeline stage is slow when its own time exceeds the other stages' median by this % of the step"),
     "exposed_top": (20, "exposed-communication intervals attributed (collective, compute before/after) per run"),
     "kernels_top": (10, "kernels/operators kept per rank and category by analyze"),

@@ -30,6 +30,7 @@ QUERIES: dict[str, str] = {
     "phases": "SELECT * FROM step_phases ORDER BY run, step, rank",
     "overlap": "SELECT * FROM overlap_ranks ORDER BY run, rank",
     "exposed_comm": "SELECT * FROM exposed_comm ORDER BY run, rank_order",
+    "serialized_comm": "SELECT * FROM serialized_comm_steps ORDER BY run, step, rank",
     "temporal_breakdown": "SELECT * FROM temporal_breakdown ORDER BY run, rank, step",
     "temporal_ranks": "SELECT * FROM temporal_ranks ORDER BY run, rank",
     "kernel_breakdown": "SELECT * FROM kernel_breakdown WHERE rank_in_category <= getvariable('kernels_top') "
@@ -203,6 +204,9 @@ def format_text(results: dict[str, pd.DataFrame], params: dict) -> str:
         if not ph.empty:  # the one denominator of every '% of the step' (docs/metrics.md: step_ms)
             lines.append(f"median step {_ms(ph.groupby('step')['step_ns'].median().median())} (median over steps of "
                          f"the median over ranks); every '% of the step' below is of it")
+        lines.append("(the analyses' candidates, by their thresholds; `traceanalyzer report` replays each one and keeps "
+                     "only those worth acting on: a rank that only waited, or whose idealisation gives nothing back, "
+                     "is dropped there)")
         if "stragglers" in sel:
             s = sel["stragglers"]
             if s.empty:

@@ -8,8 +8,9 @@ median step), so the first finding is the one worth fixing first:
 * imbalance: the compute the rank does beyond the mean of the ranks (``excess_ns_per_step``), or the
   wait it imposes on its peers if larger (extra work is *why* it makes them wait);
 * slow pipeline stage: its own time beyond the other stages' (``excess_ns_per_step``);
-* exposed communication: what overlapping it with compute could save at most (see
-  :func:`exposed_comm_per_step`).
+* exposed communication: what overlapping the data-parallel collectives issued only after the
+  backward pass with that backward could save (see :func:`_exposed`; other exposed communication is
+  waiting, a stall, or bound by the network, and is the evidence, not a finding).
 
 One cause, one finding: a rank flagged both as a straggler and as imbalanced (or as a slow stage)
 is reported once, as the more specific cause (slow stage > imbalance > straggler), with the
@@ -291,27 +292,52 @@ def exposed_comm_per_step(data: RunData) -> pd.DataFrame:
     return per.reset_index()[cols]
 
 
+def serialized_per_step(data: RunData) -> pd.DataFrame:
+    """Per step (mean over ranks): the data-parallel collectives issued only after the backward
+    pass (``serialized_comm``: n_serial, serial_transfer_ns, overlappable_ns). Empty when none."""
+    sc = data.r("serialized_comm")
+    cols = ["step", "n_serial", "serial_transfer_ns", "overlappable_ns"]
+    if sc.empty:
+        return pd.DataFrame(columns=cols)
+    n_ranks = max(int(data.ranks["rank"].nunique()) if not data.ranks.empty else 1, 1)
+    per = sc.groupby("step")[["n_serial", "serial_transfer_ns", "overlappable_ns"]].sum() / n_ranks
+    return per.reset_index()[cols]
+
+
 def _exposed(data: RunData, step_ns: float) -> list[Finding]:
-    per = exposed_comm_per_step(data)
-    if per.empty:
+    """Exposed communication that overlap could hide: data-parallel collectives issued only after
+    the backward pass (:func:`serialized_per_step`), worth at least EXPOSED_COMM_MIN_PCT of the step.
+
+    Communication that is exposed for other reasons is not a finding of its own: waiting for a late
+    peer is the straggler's, a pipeline stall the slow stage's, an all_to_all's transfer is needed
+    by the compute after it, and a collective issued from inside backward that outlasts the compute
+    beside it is bound by the network (faster communication would help, not more overlap). The
+    evidence gives the exposed time and what it is made of (:func:`exposed_comm_per_step`)."""
+    ser = serialized_per_step(data)
+    if ser.empty:
         return []
-    rec = float(per["recoverable_ns"].median())
+    rec = float(ser["overlappable_ns"].median())
     pct = pct_of(rec, step_ns)
     if not pct >= EXPOSED_COMM_MIN_PCT:
         return []
+    per = exposed_comm_per_step(data)
+    n = float(ser["n_serial"].median())
+    ev = [f"{n:g} data-parallel collective(s) per step (median, per rank) are issued only after the backward pass "
+          f"ended, one after another: {ms(ser['serial_transfer_ns'].median())} of transfer per step; issued from "
+          f"inside backward as each bucket's gradients are ready (DDP/FSDP bucketing), all but the last would run "
+          f"under the backward compute",
+          f"what that could save: their transfer less the last one's (which no overlap hides): {ms(rec)} per step "
+          f"(median); the backward compute they would run beside: "
+          f"{ms(data.r('serialized_comm')['backward_ns'].median())} per step"]
+    if not per.empty:
+        ev.append(f"exposed communication (no compute running): {ms(per['exposed_ns'].median())} per step and rank "
+                  f"({pct_of(per['exposed_ns'].median(), step_ns):.1f}% of the step), of which waiting for late peers "
+                  f"{ms(per['wait_ns'].median())} (charged to the straggler, not counted here)")
     ov = data.r("overlap")
-    ev = [f"exposed communication (no compute running): {ms(per['exposed_ns'].median())} per step and rank "
-          f"({pct_of(per['exposed_ns'].median(), step_ns):.1f}% of the step)",
-          f"of which waiting for late peers {ms(per['wait_ns'].median())} and pipeline stalls "
-          f"{ms(per['stall_ns'].median())}" + (f", all_to_all transfer lost to routing skew {ms(per['routing_ns'].median())}"
-                                                if per["routing_ns"].any() else "") + " (charged to those findings, not counted here)",
-          f"compute available to hide it under: {ms(per['free_compute_ns'].median())} per step"]
-    if not ov.empty and ov["overlap_pct"].isna().all():
-        ev.append("overlap with compute: unknown (an op timeline records no kernels)")
-    elif not ov.empty:
-        lo = ov.loc[ov["overlap_pct"].astype(float).idxmin()] if ov["overlap_pct"].notna().any() else None
-        ev.append(f"{ov['overlap_pct'].mean():.1f}% of communication overlapped with compute on average"
-                  + (f" (lowest: rank {int(lo['rank'])}, {lo['overlap_pct']:.1f}%)" if lo is not None else ""))
+    if not ov.empty and ov["overlap_pct"].notna().any():
+        lo = ov.loc[ov["overlap_pct"].astype(float).idxmin()]
+        ev.append(f"{ov['overlap_pct'].mean():.1f}% of communication overlapped with compute on average "
+                  f"(lowest: rank {int(lo['rank'])}, {lo['overlap_pct']:.1f}%)")
     rows = []
     for r in data.r("exposed_comm").head(EXPOSED_EVIDENCE_TOP).itertuples():
         rows.append({"rank": int(r.rank), "step": None if pd.isna(r.step) else int(r.step), "exposed": ms(r.exposed_ns),
@@ -319,8 +345,9 @@ def _exposed(data: RunData, step_ns: float) -> list[Finding]:
                      "bytes": None if pd.isna(r.bytes) else int(r.bytes), "compute before": r.compute_before,
                      "compute after": r.compute_after})
     return [Finding("exposed_comm", _TITLES["exposed_comm"], rec, pct,
-                    f"up to {ms(rec)} per step ({pct:.1f}% of the step) of communication runs with no compute "
-                    f"to hide it", evidence=ev, evidence_rows=rows)]
+                    f"gradient communication is not overlapped with backward: up to {ms(rec)} per step ({pct:.1f}% "
+                    f"of the step) could be hidden by issuing it during the backward pass", evidence=ev,
+                    evidence_rows=rows)]
 
 
 # -- merging and ranking ------------------------------------------------------------------------
@@ -367,6 +394,16 @@ def negatives(data: RunData, findings: list[Finding]) -> list[str]:
         out.append(f"No slow pipeline stage found: no stage's own time exceeds the others' by at least "
                    f"{p.get('slow_stage_min_excess_pct', 10.0):g}% of a step.")
     if "exposed_comm" not in kinds:
-        out.append(f"No exposed communication worth overlapping: less than {EXPOSED_COMM_MIN_PCT:g}% of a step "
-                   f"could be recovered.")
+        line = (f"No exposed communication worth overlapping: no data-parallel collectives issued after the backward "
+                f"pass that overlap could hide for at least {EXPOSED_COMM_MIN_PCT:g}% of a step.")
+        per = exposed_comm_per_step(data)
+        if not per.empty and per["exposed_ns"].median() > 0:
+            line += (f" Exposed communication is {ms(per['exposed_ns'].median())} per step and rank (median; waiting for "
+                     f"peers {ms(per['wait_ns'].median())}): communication outlasting the compute it runs beside, or "
+                     f"needed by the compute right after it (all_to_all) -- faster communication, not more overlap, "
+                     f"would shorten it.")
+        ov = data.r("overlap")
+        if not ov.empty and ov["overlap_pct"].isna().all():
+            line += " Its overlap with compute: unknown (an op timeline records no kernels)."
+        out.append(line)
     return out

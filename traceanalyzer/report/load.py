@@ -50,8 +50,8 @@ def _saved(store: Path) -> dict:
 #: are shown when ``analyze`` saved them, and not computed for the report alone: the critical path
 #: is the costliest analysis and the findings do not depend on it.
 REQUIRED = ("phases", "temporal_breakdown", "stragglers", "imbalance", "imbalance_ops", "all_to_all_balance",
-            "collectives", "overlap", "exposed_comm", "kernel_breakdown", "pipeline_shape", "pipeline_bubbles",
-            "pipeline_slow_stages", "launch_stats", "clock_offsets")  # launch_stats: the clock-offset caveat (caveats.py)
+            "collectives", "overlap", "exposed_comm", "serialized_comm", "kernel_breakdown", "pipeline_shape",
+            "pipeline_bubbles", "pipeline_slow_stages", "launch_stats", "clock_offsets")  # launch_stats: the clock-offset caveat (caveats.py)
 
 
 def missing_results(store: str | os.PathLike, runs: list[str]) -> dict[str, list[str]]:

@@ -39,27 +39,55 @@ gaps AS (
         SELECT *, lead(lo_ns) OVER (PARTITION BY run, rank, step ORDER BY lo_ns) AS next_lo FROM islands)
     WHERE next_lo IS NOT NULL AND next_lo > hi_ns
 ),
-pending AS (  -- when each receive (or send) was outstanding, and the peer it waited on
+pending AS (  -- when each receive (or send, or collective) was outstanding, and the peer it waited on
     SELECT run, rank, CASE WHEN op = 'recv' THEN src_rank ELSE dst_rank END AS src_rank, op = 'send' AS is_send,
            enqueue_ts_ns AS lo_ns, enqueue_ts_ns + enqueue_dur_ns AS call_end_ns,
            greatest(coalesce(end_ts_ns, 0), enqueue_ts_ns + enqueue_dur_ns) AS hi_ns
     FROM comms WHERE op IN ('recv', 'send') AND enqueue_ts_ns IS NOT NULL
+    UNION ALL
+    -- a collective with the stage's data-parallel (or other) peers: waiting in it for the last peer
+    -- to arrive is a stall charged to that peer (a fast replica waits for the slow one), not the
+    -- stage's own time; the transfer after the last arrival is the same for every member
+    SELECT c.run, c.rank, m.last_rank, false, c.enqueue_ts_ns, c.enqueue_ts_ns + c.enqueue_dur_ns, m.last_ns
+    FROM comms c JOIN (SELECT run, coalesce(pg_name, '?') AS pg, seq, max(start_ts_ns) AS last_ns,
+                              arg_max(rank, start_ts_ns) AS last_rank
+                       FROM comms WHERE NOT is_p2p AND seq IS NOT NULL GROUP BY ALL) m
+      ON m.run = c.run AND m.pg = coalesce(c.pg_name, '?') AND m.seq = c.seq
+    WHERE NOT c.is_p2p AND c.enqueue_ts_ns IS NOT NULL AND m.last_rank <> c.rank AND m.last_ns > c.enqueue_ts_ns
+),
+calls AS (SELECT run, rank, enqueue_ts_ns AS ts_ns FROM comms WHERE enqueue_ts_ns IS NOT NULL),
+pending_next AS (  -- a send, and the rank's first communication call after the send completed
+    SELECT p.*, c.ts_ns AS next_call_ns
+    FROM pending p ASOF LEFT JOIN calls c ON c.run = p.run AND c.rank = p.rank AND c.ts_ns >= p.hi_ns
 ),
 charged AS (  -- the part of each gap during which a receive was pending (or the stage waited on a send), per peer
     -- gloo's send span stays open until the peer takes the data while the stage goes on with its own
-    -- work (the next micro-batch, a delay of its own): a gap under an open send is a wait on it only
-    -- inside the send call, or when the gap ends as the send completes (within p2p_wait_max_tail_ns);
-    -- otherwise the gap is the stage's own time
-    SELECT g.run, g.rank, g.step, g.lo_ns, g.hi_ns, p.src_rank,
-           least(g.hi_ns, p.hi_ns) - greatest(g.lo_ns, p.lo_ns) AS ns
-    FROM gaps g JOIN pending p ON p.run = g.run AND p.rank = g.rank AND p.lo_ns < g.hi_ns AND p.hi_ns > g.lo_ns
-    WHERE g.kind = 'gap'
-      AND (NOT p.is_send OR g.lo_ns < p.call_end_ns
-           OR (g.hi_ns >= p.hi_ns AND g.hi_ns <= p.hi_ns + getvariable('p2p_wait_max_tail_ns')))
+    -- work (the next micro-batch, a delay of its own; torch's schedules wait on their sends only at the
+    -- end of a phase): a gap under an open send is a wait on it for the part inside the send call,
+    -- and up to the send's completion only when the stage was still idle then and did its next thing
+    -- (compute, or a communication call) within p2p_wait_max_tail_ns of it -- blocked on the send,
+    -- not busy with a delay of its own (a sleep right after an isend is the stage's own time)
+    SELECT run, rank, step, lo_ns, hi_ns, src_rank, c_lo, c_hi FROM (
+        SELECT g.run, g.rank, g.step, g.lo_ns, g.hi_ns, p.src_rank, greatest(g.lo_ns, p.lo_ns) AS c_lo,
+               CASE WHEN NOT p.is_send
+                         OR (g.hi_ns >= p.hi_ns AND least(g.hi_ns, coalesce(p.next_call_ns, g.hi_ns))
+                                                    <= p.hi_ns + getvariable('p2p_wait_max_tail_ns'))
+                    THEN least(g.hi_ns, p.hi_ns) ELSE least(g.hi_ns, p.call_end_ns) END AS c_hi
+        FROM gaps g JOIN pending_next p ON p.run = g.run AND p.rank = g.rank AND p.lo_ns < g.hi_ns AND p.hi_ns > g.lo_ns
+        WHERE g.kind = 'gap')
+    WHERE c_hi > c_lo
 ),
-per_gap AS (
-    SELECT run, rank, step, lo_ns, hi_ns, arg_max(src_rank, ns) AS src_rank, least(max(ns), hi_ns - lo_ns) AS stall_ns
-    FROM charged GROUP BY run, rank, step, lo_ns, hi_ns
+charged_islands AS (  -- the union of the charged parts of a gap (several sends and receives may overlap)
+    SELECT *, sum(CASE WHEN c_lo <= prev_hi THEN 0 ELSE 1 END) OVER (PARTITION BY run, rank, step, lo_ns ORDER BY c_lo, c_hi) AS island
+    FROM (SELECT *, max(c_hi) OVER (PARTITION BY run, rank, step, lo_ns ORDER BY c_lo, c_hi
+                                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_hi FROM charged)
+),
+per_gap AS (  -- the stall: the union of the charged parts, charged to the peer of its longest island
+    SELECT run, rank, step, lo_ns, hi_ns, arg_max(src_rank, ns) AS src_rank, least(sum(ns), hi_ns - lo_ns) AS stall_ns
+    FROM (SELECT run, rank, step, lo_ns, hi_ns, island, arg_max(src_rank, c_hi - c_lo) AS src_rank,
+                 max(c_hi) - min(c_lo) AS ns
+          FROM charged_islands GROUP BY run, rank, step, lo_ns, hi_ns, island)
+    GROUP BY run, rank, step, lo_ns, hi_ns
 )
 SELECT g.run, g.rank, st.stage, g.step, g.kind, CAST(NULL AS INTEGER) AS caused_by_rank, g.lo_ns, g.hi_ns,
        g.hi_ns - g.lo_ns AS dur_ns
@@ -123,13 +151,15 @@ GROUP BY g.run, g.rank;
 --   * without, only host-side delays beyond the median of the other stages count (no stage's role
 --     includes idling with nothing pending: a sleep, a descheduled thread); compute beyond the
 --     other stages' is structural.
--- excess_ns_per_step = own time beyond the DP peers' (with replicas), else host-side excess;
+-- excess_ns_per_step = own time beyond the DP peers' (with replicas), else host-side excess; a
+-- finding needs that excess in at least finding_min_steps_pct of the steps (a fault repeats, one
+-- noisy step of a healthy run does not make a slow stage);
 -- structural_ns_per_step = compute beyond the median of the other stages of its pipeline in every
 -- step (the minimum over steps: a partition is the same every step, contention is not), a candidate
 -- for rebalancing the partition, reported only when the replay says it is worth it.
 -- Columns: run, rank, pipeline_id, stage, own_ns_per_step, others_own_ns_per_step,
 -- excess_ns_per_step, excess_pct, structural_ns_per_step, structural_pct, stall_caused_ns_per_step,
--- is_finding, is_structural, rank_order (1 = largest excess in the run, all pipelines together).
+-- steps, steps_in_excess, is_finding, is_structural, rank_order (1 = largest excess in the run, all pipelines together).
 CREATE OR REPLACE TEMP VIEW pipeline_slow_stages AS
 WITH own AS (SELECT run, rank, pipeline_id, stage, step, step_ns, busy_ns, other_idle_ns,
                     busy_ns + other_idle_ns AS own_ns FROM pipeline_bubbles),
@@ -154,11 +184,13 @@ per_rank AS (
            median(c.excess_ns) AS excess_ns_per_step,
            100.0 * median(c.excess_ns) / nullif(median(c.step_ns), 0) AS excess_pct,
            min(c.busy_ns - c.others_busy_ns) AS structural_ns_per_step,
-           100.0 * min(c.busy_ns - c.others_busy_ns) / nullif(median(c.step_ns), 0) AS structural_pct
+           100.0 * min(c.busy_ns - c.others_busy_ns) / nullif(median(c.step_ns), 0) AS structural_pct,
+           count(*) AS steps, count(*) FILTER (WHERE c.excess_ns > 0) AS steps_in_excess
     FROM excess c GROUP BY c.run, c.rank
 )
-SELECT p.*, c.stall_caused_ns_per_step,
-       p.excess_pct >= getvariable('slow_stage_min_excess_pct') AS is_finding,
+SELECT p.* EXCLUDE (steps, steps_in_excess), c.stall_caused_ns_per_step, p.steps, p.steps_in_excess,
+       p.excess_pct >= getvariable('slow_stage_min_excess_pct')
+           AND 100.0 * p.steps_in_excess >= getvariable('finding_min_steps_pct') * p.steps AS is_finding,
        p.excess_pct < getvariable('slow_stage_min_excess_pct')
            AND p.structural_pct >= getvariable('slow_stage_min_excess_pct') AS is_structural,
        row_number() OVER (PARTITION BY p.run ORDER BY p.excess_ns_per_step DESC, p.rank) AS rank_order
