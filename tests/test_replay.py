@@ -219,7 +219,7 @@ def _typical_by_pandas(g, ref_ranks):
     key = ["lane", "label", "kind", "occ"]
     ref = df[df["rank"].isin(ref_ranks)].groupby(key)["dur"].mean().rename("typ")
     typ = df[key].merge(ref, left_on=key, right_index=True, how="left")["typ"].to_numpy()
-    return np.rint(np.where(np.isnan(typ), g.dur, typ)).astype(np.int64)
+    return np.rint(typ).astype(np.float64)   # NaN: no reference rank ran this exact operation
 
 
 def test_typical_durations_match_direct_groupby(graphs):
@@ -242,9 +242,10 @@ def test_typical_durations_match_direct_groupby(graphs):
             mask = np.isin(np.arange(max(ranks) + 1), ref)
             got = typical_durations(g, None if left_out is None else mask)
             want = _typical_by_pandas(g, ref)
-            np.testing.assert_array_equal(got[comp], want[comp], err_msg=f"{run} without {left_out}")
+            exact = comp & ~np.isnan(want)   # the others fall back to coarser keys (plans._operation_keys)
+            np.testing.assert_array_equal(got[exact], want[exact].astype(np.int64), err_msg=f"{run} without {left_out}")
             assert (got[comp] != g.dur[comp]).sum() > 10, run     # it does change durations
-        assert "operation_key" in g.cache
+        assert "operation_keys" in g.cache
 
 
 def test_clock_offsets_applied_only_where_the_views_apply_them(store):

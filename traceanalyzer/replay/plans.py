@@ -123,15 +123,28 @@ def typical_durations(g: Graph, reference: np.ndarray | None = None) -> np.ndarr
     "the gap before the k-th `aten::as_strided`" is.
 
     ``reference``: a per-rank boolean mask (indexed by rank) of the ranks whose durations define
-    "typical" (default: every rank). Operations that no reference rank ran keep their own duration."""
-    key, n_keys = _operation_key(g)
+    "typical" (default: every rank).
+
+    An operation no reference rank ran under the same key falls back to coarser keys (see
+    :func:`_operation_keys`): the same name with its numbers blanked ("Forward 3" and "Forward 5"
+    are the same kind of work: a pipeline stage's micro-batch annotations are numbered per rank) at
+    the same occurrence, then the median of that name on that lane type over every occurrence. Only
+    work no reference rank did at all keeps its own duration (the last stage's loss, say: its role)."""
     is_ref = _reference_mask(g, reference)
-    # mean over the reference ranks of each operation (sums of int64 ns are exact in float64)
-    cnt = np.bincount(key[is_ref], minlength=n_keys)
-    tot = np.bincount(key[is_ref], weights=g.dur[is_ref].astype(np.float64), minlength=n_keys)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        mean = tot / cnt
-    typ = mean[key]
+    typ = np.full(g.n, np.nan)
+    for level, (key, n_keys) in enumerate(_operation_keys(g)):
+        todo = np.isnan(typ)
+        if not todo.any():
+            break
+        if level < 2:   # mean over the reference ranks of each operation (int64 ns sums are exact in float64)
+            cnt = np.bincount(key[is_ref], minlength=n_keys)
+            tot = np.bincount(key[is_ref], weights=g.dur[is_ref].astype(np.float64), minlength=n_keys)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                per_key = tot / cnt
+        else:           # any occurrence: the median (robust to the few long ones)
+            per_key = pd.Series(g.dur[is_ref].astype(np.float64)).groupby(key[is_ref]).median() \
+                .reindex(range(n_keys)).to_numpy()
+        typ[todo] = per_key[key[todo]]
     typ = np.rint(np.where(np.isnan(typ), g.dur, typ)).astype(np.int64)
     is_gap = g.kind == GAP
     out = np.where(np.isin(g.kind, [OP, KERNEL]), typ, g.dur)
@@ -161,14 +174,15 @@ def typical_durations(g: Graph, reference: np.ndarray | None = None) -> np.ndarr
     return out
 
 
-def _operation_key(g: Graph) -> tuple[np.ndarray, int]:
-    """Per node, a code for "the same operation" across ranks (lane ordinal within the rank and
-    lane type, name -- a host gap takes the name of the node after it --, node kind, and k-th
-    occurrence of that on the lane), and the number of codes. It depends on the graph alone, so
-    it is computed once per graph (``g.cache``): a what-if at 128 ranks then costs its replay,
-    not ~1 s of grouping 4 M nodes."""
-    if "operation_key" in g.cache:
-        return g.cache["operation_key"]
+def _operation_keys(g: Graph) -> list[tuple[np.ndarray, int]]:
+    """Per node, codes for "the same operation" across ranks, finest first, each with its number
+    of codes: (1) lane ordinal within the rank and lane type, name (a host gap takes the name of
+    the node after it), node kind, and k-th occurrence of that on the lane; (2) the same with the
+    numbers in the name blanked; (3) lane, blanked name and kind, any occurrence. They depend on
+    the graph alone, so they are computed once per graph (``g.cache``): a what-if at 128 ranks
+    then costs its replay, not ~1 s of grouping 4 M nodes."""
+    if "operation_keys" in g.cache:
+        return g.cache["operation_keys"]
     lanes = g.lanes.sort_values(["rank", "type", "tid"])
     lanes["ordinal"] = lanes.groupby(["rank", "type"]).cumcount()
     lane_key = np.full(int(g.lane.max()) + 2, -1)
@@ -180,11 +194,15 @@ def _operation_key(g: Graph) -> tuple[np.ndarray, int]:
     same_lane = np.zeros(g.n, bool)
     same_lane[:-1] = (g.lane[1:] == g.lane[:-1]) & (g.lane[:-1] >= 0)
     name = np.where((g.kind == GAP) & same_lane, nxt, name)
-    df = pd.DataFrame({"lane": lane_key[g.lane], "label": name, "kind": g.kind, "rank": g.rank})
-    df["occ"] = df.groupby(["rank", "lane", "label", "kind"]).cumcount()
-    key = df.groupby(["lane", "label", "kind", "occ"], sort=False).ngroup().to_numpy(np.int64)
-    g.cache["operation_key"] = (key, int(key.max()) + 1 if len(key) else 0)
-    return g.cache["operation_key"]
+    blank = pd.factorize(pd.Series(list(g.labels) + [""], dtype=object).str.replace(r"\d+", "#", regex=True))[0]
+    df = pd.DataFrame({"lane": lane_key[g.lane], "label": name, "blank": blank[name], "kind": g.kind, "rank": g.rank})
+    out = []
+    for label in ("label", "blank"):
+        df["occ"] = df.groupby(["rank", "lane", label, "kind"]).cumcount()
+        out.append(df.groupby(["lane", label, "kind", "occ"], sort=False).ngroup().to_numpy(np.int64))
+    out.append(df.groupby(["lane", "blank", "kind"], sort=False).ngroup().to_numpy(np.int64))
+    g.cache["operation_keys"] = [(k, int(k.max()) + 1 if len(k) else 0) for k in out]
+    return g.cache["operation_keys"]
 
 
 def _reference_mask(g: Graph, reference) -> np.ndarray:
@@ -222,7 +240,10 @@ def apply_plan(g: Graph, plan: dict, typical: np.ndarray | None = None) -> np.nd
             if a.get("comm", True):
                 sel |= comm
             m &= sel
-            dur[m] = typ[m]
+            # "what if these ranks behaved like the others": never slower than they were (an op the
+            # others ran longer -- a piece of a stage's work cut differently, another stage's role --
+            # is not something idealising a slow rank would add); every rank: OSDI'25's mean
+            dur[m] = np.minimum(typ[m], dur[m]) if subset else typ[m]
         elif a["action"] == "scale":
             m &= compute
             if a.get("categories"):

@@ -108,7 +108,10 @@ def apply_replay(store, data: RunData, findings: list[Finding], max_events: int 
             f.replay = {"status": "skipped", "reason": f"only the top {REPLAY_MAX_FINDINGS} rank findings are replayed"}
             continue
         ranks = _target_ranks(f, data)
-        plan = {"actions": [{"action": "idealize", "ranks": ranks}]}
+        # a structural imbalance is the pipeline's partition: what rebalancing it gives back is the
+        # stage taking the mean over every stage (its own extra work spread over all of them), not
+        # the others' (which would remove that work instead of moving it)
+        plan = {"actions": [{"action": "idealize", "ranks": ranks, **({"reference": "all"} if f.kind == "structural" else {})}]}
         try:
             r = replay.what_if(g, {"actions": [dict(a) for a in plan["actions"]]}, sim=sim)  # it may add keys
             ident_ns, pred_ns = r.job_step_ns("identity_ns"), r.job_step_ns()
