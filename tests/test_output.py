@@ -144,13 +144,15 @@ def test_replay_plan_targets_must_exist_and_breakdown_adds_up(run_cli, store, tm
 @pytest.mark.slow
 def test_demo_is_one_screen_ending_with_the_next_commands(tmp_path, capsys):
     """The demo (shipped sample runs) prints at most 60 lines, says where the injected straggler
-    is, and ends with the commands to run next on that store (its memory: benchmarks/demo_bench.py)."""
+    and slow stage are (the report's findings, confirmed by replay), and ends with the commands to run next on that store (its memory: benchmarks/demo_bench.py)."""
     from traceanalyzer.cli.demo import MAX_LINES, demo
     store = tmp_path / "store"
     assert demo(str(store)) == 0
     out = capsys.readouterr().out.rstrip("\n").splitlines()
     assert len(out) <= MAX_LINES == 60
-    assert any("straggler #1: rank 2" in ln and "in the range DistributedDataParallel.forward" in ln for ln in out)
+    assert any("1. Straggler: rank 2" in ln and "(replay)" in ln and "in the range DistributedDataParallel.forward" in ln
+               for ln in out)   # the report's confirmed finding, not an analysis' candidate
+    assert any("1. Slow pipeline stage: stage 2 (rank 2)" in ln for ln in out)
     tail = out[out.index("next:"):]
     assert tail[1].split("#")[0].split() == ["traceanalyzer", "report", str(store), "-o", "report.html"]
     assert all(ln.strip().startswith("traceanalyzer ") for ln in tail[1:])

@@ -4,7 +4,7 @@ With ``--record`` it records a fresh, real 2-rank gloo DDP run with torchrun (ne
 extra); otherwise it uses the real sample runs shipped inside the package (:mod:`traceanalyzer.samples`). Either way it ingests them into the
 store, runs the analyses (stragglers, imbalance, pipeline bubbles, overlap, critical path), saves
 their results, and prints a short summary (at most :data:`MAX_LINES` lines: one line per run, the
-findings with where and how much) ending with the commands to run next.
+findings the report confirms by replay, with where and how much) ending with the commands to run next.
 """
 from __future__ import annotations
 
@@ -62,22 +62,29 @@ def demo(store: str, record: bool = False) -> int:
     df = info(store_path)
     print(f"\nstore {store_path}:")
     print("\n".join(_run_lines(df)))
-    from ..analyses.results import analyze, format_text
-    text = format_text(analyze(store_path, run=None), {})
+    from ..analyses.results import analyze
+    analyze(store_path, run=None)   # every analysis, saved in the store (the tables: traceanalyzer analyze STORE)
+    from ..report import build_report
+    rep = build_report(store_path, figures=False)
     budget = MAX_LINES - 12 - len(sources) - df["run"].nunique()
-    lines = _findings_first(text.splitlines(), budget)
-    print("\nanalyses (saved in the store; the full text: traceanalyzer analyze STORE):")
-    print("\n".join(lines))
+    lines = _findings_lines(rep)
+    print("\nfindings (confirmed by a replay what-if, largest recoverable time first; the analyses' full text: "
+          "traceanalyzer analyze STORE):")
+    print("\n".join(lines[:budget] + ([f"... ({len(lines) - budget} more lines: traceanalyzer report STORE)"]
+                                      if len(lines) > budget else [])))
     print()
     print("\n".join(next_commands(str(store_path), sorted(df["run"].unique()))))
     return 0
 
 
-#: Lines of ``analyze``'s text kept in the demo, by what they start with: the findings and the
-#: denominator; the context lines (exposed intervals, overlap, collectives, ...) are analyze's.
-_KEEP = ("== run", "median step", "straggler", "imbalance", "slow stage", "pipeline:", "all_to_all imbalance", "time:")
-
-
-def _findings_first(lines: list[str], budget: int) -> list[str]:
-    kept = [ln for ln in lines if ln.startswith(_KEEP)]
-    return kept[:budget] + ([f"... ({len(kept) - budget} more lines: traceanalyzer analyze STORE)"] if len(kept) > budget else [])
+def _findings_lines(rep) -> list[str]:
+    """Per run: its findings, one line each (what, how much, where), or what was looked for."""
+    out = []
+    for rr in rep.runs:
+        out.append(f"== run '{rr.run}': {len(rr.findings)} finding{'s' if len(rr.findings) != 1 else ''}")
+        for i, f in enumerate(rr.findings, 1):
+            src = "replay" if f.recoverable_source == "replay" else "estimate"
+            out.append(f"  {i}. {f.title}: {f.how_much} ({src}); where: {f.where_text or 'n/a'}")
+        if not rr.findings:
+            out.append("  nothing worth acting on: " + "; ".join(n.split(":")[0] for n in rr.negatives))
+    return out
