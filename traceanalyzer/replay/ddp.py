@@ -379,8 +379,8 @@ def predict(store_or_con, run: str | None = None, bucket_mb: float | None = None
     ``shared_core``: a rank's compute and its collectives share one core (default: True on gloo,
     where collectives run on the CPU; the reference workloads pin each rank to one core)."""
     con = alphabeta.prepare_comm_views(store_or_con)
-    from .graph import resolve_run
-    run = resolve_run(con, run, "ddp what-if")
+    from ..store.runs import resolve_run
+    run = resolve_run(con, run, where="ddp what-if", table="steps", what="runs with steps")
     for name, v in (("bucket_mb", bucket_mb), ("first_bucket_mb", first_bucket_mb), ("recorded_bucket_mb", recorded_bucket_mb)):
         if v is not None and not v > 0:
             raise TraceAnalyzerError(f"ddp what-if: {name} must be > 0, got {v}")

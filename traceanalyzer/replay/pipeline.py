@@ -184,8 +184,8 @@ def stage_costs(store_or_con, run: str | None = None) -> StageCosts:
     if not con.execute("SELECT count(*) FROM duckdb_views() WHERE view_name IN ('pipeline_stages', 'clock_offsets')").fetchone()[0] == 2:
         from .graph import PIPELINE_VIEWS
         prepare(con, modules=PIPELINE_VIEWS)
-    from .graph import resolve_run
-    run = resolve_run(con, run, "pipeline what-if")
+    from ..store.runs import resolve_run
+    run = resolve_run(con, run, where="pipeline what-if", table="steps", what="runs with steps")
     shape = con.execute("SELECT n_stages, stages_per_rank, microbatches, schedule FROM pipeline_shape WHERE run = $run",
                         {"run": run}).fetchall()
     if not shape:
