@@ -69,6 +69,9 @@ def test_session_and_library_calls_pick_the_same_way(store):
             s.replay({"actions": [{"action": "idealize", "ranks": [0]}]})
         with pytest.raises(TraceAnalyzerError, match="no run 'nope'"):
             s.graph("nope")
+        with pytest.raises(TraceAnalyzerError, match=f"{UNKNOWN}$"):
+            s.analysis("stragglers", run="nope")
+        assert len(s.analysis("step_phases", run="ddp_gloo_2rank")) > 0
     with pytest.raises(TraceAnalyzerError, match="pass --run-a"):
         diff_runs(store)
     with pytest.raises(TraceAnalyzerError, match="pass --run$"):

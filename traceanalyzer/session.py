@@ -59,6 +59,9 @@ class Session:
         ``pipeline_stall_causes``, ...: ``traceanalyzer/analyses/sql/``)."""
         from .analyses import modules, prepare
         from .analyses.results import ALL, compute, query
+        from .store.runs import resolve_run
+        if run is not None:
+            resolve_run(self.con, run, where=self.path)   # an unknown run is an error, not an empty table
         if name not in ALL and name in modules.owner():
             prepare(self.con, views=[name], **params)
             where = "" if run is None else " WHERE run = $run"
