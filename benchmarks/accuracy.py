@@ -31,6 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import accuracy_score as sc  # noqa: E402
+import harness  # noqa: E402  (RESULTS.md: benchmarks/harness.py)
 
 from traceanalyzer.workloads.launch import LaunchError, launch  # noqa: E402
 
@@ -247,8 +248,7 @@ def main(argv=None) -> int:
     print(head + text)
     (cache / "scores.json").write_text(json.dumps(sc.plain(scores), indent=1))
     if not a.no_append:
-        with open(RESULTS, "a") as f:
-            f.write(head + text)
+        harness.append_results(head + text, RESULTS)
     return 0
 
 

@@ -15,7 +15,7 @@ One run of this script
    collectives in the same order, so ``comms`` joins each collective across all N ranks by seq.
    C is the smallest number of copies that gives every rank >= ``--events-per-rank`` events
    (default 100,000);
-2. ingests it with ``traceanalyzer.ingest.batch(..., workers=W)`` (timed; not part of the analysis
+2. ingests it with ``traceanalyzer.ingest(..., workers=W)`` (timed; not part of the analysis
    budget);
 3. in one fresh process: the baseline (``SELECT count(*), sum(dur_ns) FROM events`` over the same
    store, best of 3), then ``traceanalyzer.analyses.results.analyze(store)`` (every analysis, saving
@@ -27,8 +27,8 @@ One run of this script
 
 Every time is also given as a ratio to the baseline scan measured in the same run. Targets (issue):
 analyze <= 120 s and <= 8 GB on the 2-core machine. This is a script, not a test: it asserts
-nothing about timings. Helpers (process-tree memory watcher, decimal time parsing, id offsets,
-machine/git info) are imported from ``ingest_bench.py``.
+nothing about timings. Timing, memory and machine/git info come from ``harness.py``; decimal time
+parsing and id offsets from ``ingest_bench.py``.
 """
 
 import argparse
@@ -40,18 +40,17 @@ import os
 import re
 import resource
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
-import ingest_bench as ib  # noqa: E402  (helpers shared with the ingest benchmark)
+import harness  # noqa: E402  (timing, memory, machine: benchmarks/harness.py)
+import ingest_bench as ib  # noqa: E402  (input generation helpers shared with the ingest benchmark)
 
 DEFAULT_SOURCE_DIR = "/work/shared/traces/external/param_dlrm_8rank"
 TARGET_SECONDS = 120.0
@@ -240,36 +239,6 @@ def generate(source_dir: str, out_dir: Path, ranks: int, events_per_rank: int) -
 # --------------------------------------------------------------------------
 # phases (each runs in its own subprocess: `analyses_bench.py _phase NAME --spec JSON`)
 # --------------------------------------------------------------------------
-def _vmrss_kb() -> int:
-    return ib._proc_status_kb("VmRSS")
-
-
-class RssPoller(threading.Thread):
-    """Peak VmRSS of this process between mark() and peak_kb() (ru_maxrss cannot be reset)."""
-
-    def __init__(self, interval: float = 0.02):
-        super().__init__(daemon=True)
-        self.interval = interval
-        self._peak = 0
-        self._halt = threading.Event()
-        self.start()
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            self._peak = max(self._peak, _vmrss_kb())
-            self._halt.wait(self.interval)
-
-    def mark(self) -> None:
-        self._peak = _vmrss_kb()
-
-    def peak_kb(self) -> int:
-        return max(self._peak, _vmrss_kb())
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join()
-
-
 def _duckdb_settings(con) -> dict:
     out = {}
     for name in ("threads", "memory_limit", "temp_directory", "preserve_insertion_order"):
@@ -313,7 +282,7 @@ def phase_ingest(spec: dict) -> dict:
     if store.exists():
         shutil.rmtree(store)
     t0 = time.perf_counter()
-    rep = traceanalyzer.ingest.batch(spec["files"], str(store), run=spec["run"], workers=spec["workers"], progress=False)
+    rep = traceanalyzer.ingest(spec["files"], str(store), run=spec["run"], workers=spec["workers"], progress=False)
     t1 = time.perf_counter()
     ib._stop_forkserver()
     return {"seconds": t1 - t0, "report": ib._report_summary(rep),
@@ -368,8 +337,8 @@ def phase_analyze(spec: dict) -> dict:
     from traceanalyzer.analyses import prepare
     from traceanalyzer.analyses import results as R
 
-    poller = RssPoller()
-    rss_import_kb = _vmrss_kb()
+    poller = harness.RssPoller()
+    rss_import_kb = harness.proc_status_kb("VmRSS")
     base = _baseline(spec["store"])
     base_peak_kb = poller.peak_kb()
     con = ta.open(spec["store"])
@@ -379,7 +348,7 @@ def phase_analyze(spec: dict) -> dict:
     prepare_s = time.perf_counter() - tp
     con.close()
     poller.mark()
-    rss_before_kb = _vmrss_kb()
+    rss_before_kb = harness.proc_status_kb("VmRSS")
     t0 = time.perf_counter()
     res = R.analyze(spec["store"])
     t1 = time.perf_counter()
@@ -396,7 +365,7 @@ def phase_analyze(spec: dict) -> dict:
         "analyze_peak_rss_kb": peak_kb,
         "self_maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
         "duckdb_settings": settings,
-        "versions": ib._versions(["traceanalyzer", "duckdb", "pandas", "pyarrow", "numpy"]),
+        "versions": harness.versions(["traceanalyzer", "duckdb", "pandas", "pyarrow", "numpy"]),
         "source_digest": _code_digest(Path(ta.__file__).resolve().parent),
     }
 
@@ -435,7 +404,7 @@ def phase_whatif(spec: dict) -> dict:
         return con
 
     A.prepare = R.prepare = CP.prepare = prepare
-    poller = RssPoller()
+    poller = harness.RssPoller()
     t0 = time.perf_counter()
     res = R.analyze(spec["store"], save_results=False)
     t1 = time.perf_counter()
@@ -451,14 +420,14 @@ def phase_one(spec: dict) -> dict:
     from traceanalyzer.analyses import prepare
     from traceanalyzer.analyses import results as R
 
-    poller = RssPoller()
+    poller = harness.RssPoller()
     con = ta.open(spec["store"])  # prepare alone (loading the SQL modules), on its own connection
     tp = time.perf_counter()
     prepare(con)
     prepare_s = time.perf_counter() - tp
     con.close()
     con = ta.open(spec["store"])
-    rss_before_kb = _vmrss_kb()
+    rss_before_kb = harness.proc_status_kb("VmRSS")
     poller.mark()
     t0 = time.perf_counter()
     out = R.compute(con, only=[spec["name"]])
@@ -496,7 +465,7 @@ def phase_view(spec: dict) -> dict:
     import traceanalyzer as ta
     from traceanalyzer.analyses import prepare
 
-    poller = RssPoller()
+    poller = harness.RssPoller()
     con = prepare(ta.open(spec["store"]))
     have = {v for (v,) in con.execute("SELECT view_name FROM duckdb_views()").fetchall()}
     if spec["view"] not in have:
@@ -561,9 +530,7 @@ def run_phase_main(argv: list[str]) -> None:
     p.add_argument("--spec", required=True)
     a = p.parse_args(argv)
     res = PHASES[a.name](json.loads(a.spec))
-    res["self_maxrss_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    res["children_maxrss_kb"] = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    print("@@RESULT@@" + json.dumps(res, default=str), flush=True)
+    harness.emit_result(res)
 
 
 # --------------------------------------------------------------------------
@@ -571,40 +538,11 @@ def run_phase_main(argv: list[str]) -> None:
 # --------------------------------------------------------------------------
 def run_phase(name: str, spec: dict, log_path: Path, cwd: Path, limit_gb: float | None,
               timeout_s: float | None) -> dict:
-    """Run a phase in its own process (its own session), watch its tree's memory, kill it over the
-    memory limit or the timeout."""
-    cmd = [sys.executable, str(Path(__file__).resolve()), "_phase", name, "--spec", json.dumps(spec)]
-    env = dict(os.environ)
-    env.setdefault("PYTHONHASHSEED", "0")
-    t0 = time.perf_counter()
-    timed_out = False
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True,
-                                env=env, cwd=str(cwd))
-        w = ib.TreeWatcher(proc.pid, int(limit_gb * 1024 * 1024) if limit_gb else None)
-        w.start()
-        try:
-            out, _ = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except OSError:
-                pass
-            out, _ = proc.communicate()
-        w.stop()
-    wall = time.perf_counter() - t0
-    res = None
-    for line in (out or "").splitlines():
-        if line.startswith("@@RESULT@@"):
-            res = json.loads(line[len("@@RESULT@@"):])
-    common = {"wall_seconds": wall, "max_tree_rss_kb": w.max_total_kb,
-              "polled_peak_kb": w.hwm.get(proc.pid, 0), "polled_worker_peak_kb": w.worker_peak_kb()}
-    if res is None:
-        err = (f"timed out after {timeout_s:.0f} s" if timed_out else
-               "killed: process tree exceeded memory limit" if w.killed else f"exit code {proc.returncode}")
-        return {"ok": False, "error": err, "log_tail": log_path.read_text(errors="replace")[-3000:], **common}
-    res.update(ok=True, **common)
+    """Run a phase in its own process (harness.run_child: its own session, its tree's memory
+    watched, killed over the memory limit or the timeout)."""
+    res = harness.run_child([sys.executable, str(Path(__file__).resolve()), "_phase", name, "--spec", json.dumps(spec)],
+                            log_path, limit_gb=limit_gb, timeout_s=timeout_s, cwd=cwd, expect_result=True)
+    res.pop("stdout", None)
     return res
 
 
@@ -683,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = _dt.datetime.now().astimezone()
     loadavg_start = [round(x, 2) for x in os.getloadavg()]
-    git_start = ib.git_state()
+    git_start = harness.git_state()
     own_tmp = args.workdir is None
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="ta-analyses-bench-")).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
@@ -693,7 +631,7 @@ def main(argv: list[str] | None = None) -> int:
         man = _ensure_input(args, workdir)
         files = [f["path"] for f in man["files"]]
         in_bytes = sum(f["bytes"] for f in man["files"])
-        print(f"input: {len(files)} rank files, {ib._fmt_bytes(in_bytes)} JSON, {man['copies_per_rank']} copies "
+        print(f"input: {len(files)} rank files, {harness.fmt_bytes(in_bytes)} JSON, {man['copies_per_rank']} copies "
               f"(steps) per rank of {len(man['sources'])} source ranks, in {man['dir']}"
               f"{' (reused)' if man.get('reused') else ''}", flush=True)
         store = workdir / f"store-{Path(man['dir']).parent.name}"
@@ -707,7 +645,7 @@ def main(argv: list[str] | None = None) -> int:
             if not ingest["ok"]:
                 print(f"ingest FAILED: {ingest['error']}\n{ingest['log_tail']}")
                 return 1
-            print(f"ingest: {ingest['seconds']:.1f} s, store {ib._fmt_bytes(ingest['store_bytes'])}", flush=True)
+            print(f"ingest: {ingest['seconds']:.1f} s, store {harness.fmt_bytes(ingest['store_bytes'])}", flush=True)
         stats = run_phase("stats", spec, workdir / "stats.log", workdir, lim, None)
         if not stats["ok"]:
             print(f"stats FAILED: {stats['error']}\n{stats['log_tail']}")
@@ -769,10 +707,10 @@ def main(argv: list[str] | None = None) -> int:
             "command": command,
             "started": started.isoformat(timespec="seconds"),
             "finished": finished.isoformat(timespec="seconds"),
-            "machine": ib.machine_info(),
+            "machine": harness.machine_info(),
             "loadavg_start": loadavg_start,
             "git_start": git_start,
-            "git_end": ib.git_state(),
+            "git_end": harness.git_state(),
             "code_digest_end": _code_digest(REPO / "traceanalyzer"),
             "workers": args.workers,
             "input": {k: v for k, v in man.items() if k != "files"} | {"files": len(files), "total_bytes": in_bytes},
@@ -826,7 +764,7 @@ def render_markdown(payload: dict) -> str:
                      f"{ds.get('threads')}, memory_limit {ds.get('memory_limit')}")
     srcs = inp["sources"]
     lines.append(
-        f"- input: {inp['ranks']} rank files (plain .json, {ib._fmt_bytes(inp['total_bytes'])}); rank r = source rank "
+        f"- input: {inp['ranks']} rank files (plain .json, {harness.fmt_bytes(inp['total_bytes'])}); rank r = source rank "
         f"r mod {len(srcs)} of `{inp['source_dir']}` ({', '.join(str(s['trace_events']) for s in srcs)} trace events), "
         f"repeated {inp['copies_per_rank']} times in time (shift {inp['shift_per_copy_us']:,.0f} us, one ProfilerStep "
         f"per copy)")
@@ -837,8 +775,8 @@ def render_markdown(payload: dict) -> str:
         f"across {st['ranks_per_collective_min']}..{st['ranks_per_collective_max']} ranks each "
         f"({', '.join(f'{k} {n:,}' for k, n in st['ops'].items())}; dialect "
         f"{', '.join(st['dialects'])}; seq from {', '.join(st['seq_sources'])}); "
-        + (f"store {ib._fmt_bytes(ing['store_bytes'])} on disk ({ing['store_files']} files), " if ing else "")
-        + f"events Parquet {ib._fmt_bytes(st['events_parquet_bytes'])}")
+        + (f"store {harness.fmt_bytes(ing['store_bytes'])} on disk ({ing['store_files']} files), " if ing else "")
+        + f"events Parquet {harness.fmt_bytes(st['events_parquet_bytes'])}")
     lines.append("")
     lines.append("| measure | time (s) | ÷ baseline scan | peak RSS of the process | rows | of which prepare (s) |")
     lines.append("|---|---:|---:|---:|---:|---:|")

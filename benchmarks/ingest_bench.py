@@ -11,7 +11,7 @@ One run of this script
    the new world);
 2. measures, with the same number of worker processes (``--workers``, default 2):
 
-   * ``ours``  - ``traceanalyzer.ingest.batch(paths, store, run=..., workers=W)``;
+   * ``ours``  - ``traceanalyzer.ingest(paths, store, run=..., workers=W)``;
    * ``floor`` - a bare typed msgspec decode of the same bytes (events as a
      ``msgspec.Struct`` with ph/name/cat/pid/tid/ts/dur/args) that also turns
      ``ts``/``dur`` exactly into int64 nanoseconds (decoded as ``msgspec.Raw``,
@@ -42,18 +42,18 @@ import math
 import os
 import platform
 import re
-import resource
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+import harness  # noqa: E402  (timing, memory, machine: benchmarks/harness.py)
+
 DEFAULT_SOURCE = "/work/shared/traces/external/hta/ddp_2rank_rank1.json.gz"
 DEFAULT_HTA_PYTHON = os.environ.get("HTA_PYTHON", "/work/hta-venv/bin/python")
 MB = 1_000_000
@@ -100,32 +100,6 @@ def _read_bytes(path: str | Path) -> bytes:
             return fh.read()
     with open(path, "rb") as fh:
         return fh.read()
-
-
-def _rusage_kb() -> dict:
-    # ru_maxrss is in KiB on Linux.
-    return {
-        "self_maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-        "children_maxrss_kb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss,
-    }
-
-
-def _versions(names) -> dict:
-    from importlib import metadata
-
-    out = {}
-    for n in names:
-        try:
-            out[n] = metadata.version(n)
-        except Exception:  # noqa: BLE001 - not installed
-            out[n] = None
-    return out
-
-
-def _fmt_bytes(n: float) -> str:
-    if n >= 1e9:
-        return f"{n / 1e9:.2f} GB"
-    return f"{n / 1e6:.1f} MB"
 
 
 # --------------------------------------------------------------------------
@@ -433,20 +407,12 @@ def decimal_text_to_ns(raws) -> "object":
     return ns
 
 
-def _proc_status_kb(field: str) -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    return 0
-
-
 def floor_parse_file(path: str) -> dict:
     import msgspec
     import pyarrow  # noqa: F401 - imported before the baseline reading
 
     _, Trace = _floor_types()
-    rss_before_kb = _proc_status_kb("VmRSS")
+    rss_before_kb = harness.proc_status_kb("VmRSS")
     with open(path, "rb") as fh:
         buf = fh.read()
     doc = msgspec.json.decode(buf, type=Trace)
@@ -460,7 +426,7 @@ def floor_parse_file(path: str) -> dict:
         "dur_nonnull": len(dur) - dur.null_count,
         "rank": (doc.distributedInfo or {}).get("rank"),
         "rss_before_kb": rss_before_kb,
-        "hwm_after_kb": _proc_status_kb("VmHWM"),
+        "hwm_after_kb": harness.proc_status_kb("VmHWM"),
     }
 
 
@@ -479,7 +445,7 @@ def phase_floor(files: list[str], workers: int, workdir: Path) -> dict:
         "seconds": t1 - t0,
         "events": sum(r["events"] for r in res),
         "extra": {"per_file": res, "start_method": "spawn"},
-        "versions": _versions(["msgspec", "pyarrow"]),
+        "versions": harness.versions(["msgspec", "pyarrow"]),
     }
 
 
@@ -545,7 +511,7 @@ def phase_ours(files: list[str], workers: int, workdir: Path) -> dict:
     if store.exists():
         shutil.rmtree(store)
     t0 = time.perf_counter()
-    rep = traceanalyzer.ingest.batch(files, str(store), run="bench", workers=workers, progress=False)
+    rep = traceanalyzer.ingest(files, str(store), run="bench", workers=workers, progress=False)
     t1 = time.perf_counter()
     _stop_forkserver()
     info = {
@@ -556,7 +522,7 @@ def phase_ours(files: list[str], workers: int, workdir: Path) -> dict:
         "store_files": sum(1 for p in store.rglob("*") if p.is_file()) if store.exists() else None,
     }
     shutil.rmtree(store, ignore_errors=True)
-    vers = _versions(["traceanalyzer", "pandas", "pyarrow", "duckdb", "msgspec", "numpy"])
+    vers = harness.versions(["traceanalyzer", "pandas", "pyarrow", "duckdb", "msgspec", "numpy"])
     return {"seconds": t1 - t0, "events": None, "extra": info, "versions": vers}
 
 
@@ -584,7 +550,7 @@ def phase_hta(trace_dir: str, workers: int, workdir: Path) -> dict:
             "dataframe_rows": sum(rows.values()),
             "parser_backend": str(hta_trace.ParserConfig.get_default_cfg().parser_backend or "default (json)"),
         },
-        "versions": _versions(["holistictraceanalysis", "pandas", "numpy"]),
+        "versions": harness.versions(["holistictraceanalysis", "pandas", "numpy"]),
     }
 
 
@@ -601,168 +567,28 @@ def run_phase_main(argv: list[str]) -> None:
         res = phase_ours(spec["files"], spec["workers"], workdir)
     else:
         res = phase_hta(spec["trace_dir"], spec["workers"], workdir)
-    res.update(_rusage_kb())
     res["python"] = platform.python_version()
     res["executable"] = sys.executable
-    print("@@RESULT@@" + json.dumps(res), flush=True)
+    harness.emit_result(res)
 
 
 # --------------------------------------------------------------------------
 # driver: process-tree memory watcher
 # --------------------------------------------------------------------------
-def _children(pid: int) -> list[int]:
-    out = []
-    try:
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                with open(f"/proc/{pid}/task/{tid}/children") as fh:
-                    out.extend(int(x) for x in fh.read().split())
-            except OSError:
-                pass
-    except OSError:
-        pass
-    return out
-
-
-def _status_kb(pid: int) -> tuple[int, int] | None:
-    try:
-        with open(f"/proc/{pid}/status") as fh:
-            txt = fh.read()
-    except OSError:
-        return None
-    hwm = rss = 0
-    for line in txt.splitlines():
-        if line.startswith("VmHWM:"):
-            hwm = int(line.split()[1])
-        elif line.startswith("VmRSS:"):
-            rss = int(line.split()[1])
-    return hwm, rss
-
-
-class TreeWatcher(threading.Thread):
-    """Polls a process tree: per-process VmHWM, max total RSS; kills it over a limit."""
-
-    def __init__(self, root: int, limit_kb: int | None, interval: float = 0.05):
-        super().__init__(daemon=True)
-        self.root = root
-        self.limit_kb = limit_kb
-        self.interval = interval
-        self.hwm: dict[int, int] = {}
-        self.max_total_kb = 0
-        self.max_live_workers = 0
-        self.killed = False
-        self._halt = threading.Event()
-
-    def run(self) -> None:
-        while not self._halt.is_set():
-            pids = [self.root]
-            i = 0
-            while i < len(pids):
-                pids.extend(_children(pids[i]))
-                i += 1
-            total = 0
-            for pid in pids:
-                st = _status_kb(pid)
-                if st is None:
-                    continue
-                hwm, rss = st
-                if hwm > self.hwm.get(pid, 0):
-                    self.hwm[pid] = hwm
-                total += rss
-            self.max_live_workers = max(self.max_live_workers, len(pids) - 1)
-            self.max_total_kb = max(self.max_total_kb, total)
-            if self.limit_kb and total > self.limit_kb and not self.killed:
-                self.killed = True
-                try:
-                    os.killpg(self.root, signal.SIGKILL)
-                except OSError:
-                    pass
-            self._halt.wait(self.interval)
-
-    def stop(self) -> None:
-        self._halt.set()
-        self.join()
-
-    def worker_peak_kb(self) -> int:
-        return max((v for p, v in self.hwm.items() if p != self.root), default=0)
-
-
 def run_phase(python: str, name: str, spec: dict, log_path: Path, limit_gb: float | None) -> dict:
-    cmd = [python, str(Path(__file__).resolve()), "_phase", name, "--spec", json.dumps(spec)]
-    env = dict(os.environ)
-    env.setdefault("PYTHONHASHSEED", "0")
-    t0 = time.perf_counter()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=log, text=True, start_new_session=True, env=env
-        )
-        w = TreeWatcher(proc.pid, int(limit_gb * 1024 * 1024) if limit_gb else None)
-        w.start()
-        out, _ = proc.communicate()
-        w.stop()
-    wall = time.perf_counter() - t0
-    res = None
-    for line in out.splitlines():
-        if line.startswith("@@RESULT@@"):
-            res = json.loads(line[len("@@RESULT@@"):])
-    if res is None:
-        tail = log_path.read_text(errors="replace")[-3000:]
-        return {
-            "ok": False,
-            "error": ("killed: process tree exceeded memory limit" if w.killed else f"exit code {proc.returncode}"),
-            "log_tail": tail,
-            "wall_seconds": wall,
-            "max_tree_rss_kb": w.max_total_kb,
-            "polled_worker_peak_kb": w.worker_peak_kb(),
-        }
-    res.update(
-        ok=True,
-        wall_seconds=wall,
-        max_tree_rss_kb=w.max_total_kb,
-        polled_worker_peak_kb=w.worker_peak_kb(),
-        polled_coordinator_peak_kb=w.hwm.get(proc.pid, 0),
-        max_live_descendants=w.max_live_workers,
-    )
-    res["worker_peak_kb"] = max(res.get("children_maxrss_kb") or 0, res["polled_worker_peak_kb"])
+    """Run a phase in its own process under ``python`` (harness.run_child: wall, CPU, tree RSS)."""
+    res = harness.run_child([python, str(Path(__file__).resolve()), "_phase", name, "--spec", json.dumps(spec)],
+                            log_path, limit_gb=limit_gb, expect_result=True)
+    res.pop("stdout", None)
+    res["polled_coordinator_peak_kb"] = res.get("polled_peak_kb", 0)
+    if res["ok"]:
+        res["worker_peak_kb"] = max(res.get("children_maxrss_kb") or 0, res["polled_worker_peak_kb"])
     return res
 
 
 # --------------------------------------------------------------------------
 # driver
 # --------------------------------------------------------------------------
-def git_state() -> dict:
-    try:
-        head = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "--", "traceanalyzer"],
-                               capture_output=True, text=True).stdout.strip()
-        return {"head": head, "traceanalyzer_dirty": bool(dirty)}
-    except OSError:
-        return {}
-
-
-def machine_info() -> dict:
-    info = {
-        "loadavg": [round(x, 2) for x in os.getloadavg()],
-        "cores": os.cpu_count(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-    }
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemTotal:"):
-                    info["mem_total_gib"] = round(int(line.split()[1]) / 1024 / 1024, 1)
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    info["cpu"] = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return info
-
-
 def _ensure_input(args, workdir: Path) -> dict:
     params = {
         "source": os.path.abspath(args.source),
@@ -867,7 +693,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = _dt.datetime.now().astimezone()
     loadavg_start = [round(x, 2) for x in os.getloadavg()]
-    git_start = git_state()
+    git_start = harness.git_state()
     own_tmp = args.workdir is None
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="ta-ingest-bench-"))
     workdir.mkdir(parents=True, exist_ok=True)
@@ -880,7 +706,7 @@ def main(argv: list[str] | None = None) -> int:
         in_events = sum(f["events"] for f in man["files"])
         file_bytes = max(f["bytes"] for f in man["files"])
         print(
-            f"input: {len(files)} files x {_fmt_bytes(file_bytes)} = {_fmt_bytes(in_bytes)}, "
+            f"input: {len(files)} files x {harness.fmt_bytes(file_bytes)} = {harness.fmt_bytes(in_bytes)}, "
             f"{in_events:,} events ({man['copies_per_rank']} copies/rank of {man['source_events']:,} events, "
             f"last copy {man['last_copy_fraction']:.0%}) in {man['dir']}",
             flush=True,
@@ -952,10 +778,10 @@ def main(argv: list[str] | None = None) -> int:
             "command": command,
             "started": started.isoformat(timespec="seconds"),
             "finished": finished.isoformat(timespec="seconds"),
-            "machine": machine_info(),
+            "machine": harness.machine_info(),
             "loadavg_start": loadavg_start,
             "git_start": git_start,
-            "git_end": git_state(),
+            "git_end": harness.git_state(),
             "workers": args.workers,
             "repeat": repeat,
             "input": {k: v for k, v in man.items() if k != "files"}
@@ -1033,8 +859,8 @@ def render_markdown(payload: dict) -> str:
         v = res["hta"]["versions"]
         lines.append("- HTA venv: " + ", ".join(f"{k} {v[k]}" for k in v) + f", Python {res['hta'].get('python')}")
     lines.append(
-        f"- input: {inp['files']} rank files (plain .json) x {_fmt_bytes(inp['file_bytes'])} = "
-        f"{_fmt_bytes(inp['total_bytes'])}, {inp['total_events']:,} events; each file = "
+        f"- input: {inp['files']} rank files (plain .json) x {harness.fmt_bytes(inp['file_bytes'])} = "
+        f"{harness.fmt_bytes(inp['total_bytes'])}, {inp['total_events']:,} events; each file = "
         f"{inp['copies_per_rank']} time-shifted copies (last one {inp['last_copy_fraction']:.0%}) of "
         f"`{Path(inp['source']).name}` ({inp['source_events']:,} events)"
     )
@@ -1044,7 +870,7 @@ def render_markdown(payload: dict) -> str:
     lines.append("")
     lines.append("| contender | time (s) | events | events/s | MB/s | peak RSS / worker | / file size | coordinator peak RSS | tree peak RSS |")
     lines.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
-    labels = {"ours": "ours (traceanalyzer.ingest.batch)", "floor": "floor (msgspec typed decode + exact ts/dur)",
+    labels = {"ours": "ours (traceanalyzer.ingest)", "floor": "floor (msgspec typed decode + exact ts/dur)",
               "hta": "HTA 0.5.0 TraceAnalysis"}
     for name in ("ours", "floor", "hta"):
         if name not in s:
@@ -1055,8 +881,8 @@ def render_markdown(payload: dict) -> str:
             continue
         lines.append(
             f"| {labels[name]} | {x['seconds']:.2f} | {x['events']:,} | {x['events_per_s']:,.0f} | {x['mb_per_s']:.1f} | "
-            f"{_fmt_bytes(x['worker_peak_bytes'])} | {x['worker_peak_over_file']:.2f}x | "
-            f"{_fmt_bytes(x['coordinator_peak_bytes'])} | {_fmt_bytes(x['tree_peak_bytes'])} |"
+            f"{harness.fmt_bytes(x['worker_peak_bytes'])} | {x['worker_peak_over_file']:.2f}x | "
+            f"{harness.fmt_bytes(x['coordinator_peak_bytes'])} | {harness.fmt_bytes(x['tree_peak_bytes'])} |"
         )
     lines.append("")
     if "ours_over_hta_speed" in s:

@@ -32,6 +32,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+import harness  # noqa: E402  (RESULTS.md: benchmarks/harness.py; benchmarks/ is the script's folder)
 
 RUNS = {"ddp_gloo_4rank": ROOT / "traces" / "ddp_gloo_4rank", "pp_1f1b_4rank": ROOT / "traces" / "pp_1f1b_4rank",
         "dlrm_8rank": ROOT.parent / "shared" / "traces" / "external" / "param_dlrm_8rank"}
@@ -125,8 +126,7 @@ def big_store(store: str, append: bool, straggler: bool = True, separate: bool =
             f"{'met' if end_to_end < 5 else 'NOT met'}).\n")
     print(text)
     if append:
-        with open(ROOT / "benchmarks" / "RESULTS.md", "a") as fh:
-            fh.write(text)
+        harness.append_results(text)
     return 0
 
 
@@ -183,8 +183,7 @@ def main() -> int:
             + ("met on every run." if all(r[7] >= 1e6 for r in rows) else "NOT met on every run.") + "\n")
     print(text)
     if args.append:
-        with open(ROOT / "benchmarks" / "RESULTS.md", "a") as fh:
-            fh.write(text)
+        harness.append_results(text)
     return 0
 
 

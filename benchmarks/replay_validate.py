@@ -43,6 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+import harness  # noqa: E402  (RESULTS.md: benchmarks/harness.py; benchmarks/ is the script's folder)
 
 STEPS = ["--steps", "9", "--prof-active", "6"]
 BIG_DDP = ["--width", "1024", "--depth", "8"]   # 7.4 M params, 28 MB of gradients
@@ -165,8 +166,7 @@ def main() -> int:
             f"the runs' job step times; goal: error <= max(5 %, 2 x spread of B).\n\n" + "\n".join(lines) + "\n")
     print(text)
     if args.append:
-        with open(ROOT / "benchmarks" / "RESULTS.md", "a") as fh:
-            fh.write(text)
+        harness.append_results(text)
     return 0
 
 

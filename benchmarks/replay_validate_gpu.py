@@ -28,6 +28,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+import harness  # noqa: E402  (RESULTS.md: benchmarks/harness.py; benchmarks/ is the script's folder)
 from replay_validate import cv, measured  # noqa: E402 - benchmarks/ is the script's folder
 
 PLAN = {"actions": [{"action": "idealize", "ranks": [1]}]}
@@ -80,8 +81,7 @@ def main() -> int:
             f"A -> B difference.\n\n{head}\n{row}\n")
     print(text)
     if args.append:
-        with open(ROOT / "benchmarks" / "RESULTS.md", "a") as fh:
-            fh.write("\n## Replay validation on GPU runs (idealise the slow rank)\n\n" + text)
+        harness.append_results("\n## Replay validation on GPU runs (idealise the slow rank)\n\n" + text)
     return 0
 
 

@@ -23,17 +23,15 @@ import datetime as _dt
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 import analyses_bench as ab  # noqa: E402  (input generation, ingest/analyze phases)
-import ingest_bench as ib  # noqa: E402  (machine/git info)
+import harness  # noqa: E402  (timing, memory, machine: benchmarks/harness.py)
 
 TARGET_SECONDS = 30.0
 
@@ -41,14 +39,10 @@ TARGET_SECONDS = 30.0
 def timed(cmd: list[str], log: Path) -> dict:
     """Run ``cmd`` (a fresh process) and return its wall seconds, exit code and peak RSS."""
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    with open(log, "w") as fh:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=str(REPO))
-        _, status, ru = os.wait4(proc.pid, 0)
-        wall = time.perf_counter() - t0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return {"seconds": wall, "rc": proc.returncode, "peak_rss_kb": ru.ru_maxrss, "log": str(log),
-            "output_tail": log.read_text(errors="replace")[-1500:]}
+    r = harness.run_child(cmd, log, env=env, cwd=REPO)
+    return {"seconds": r["wall_seconds"], "cpu_seconds": r["cpu_seconds"], "rc": r["returncode"],
+            "peak_rss_kb": r["child_maxrss_kb"], "log": str(log),
+            "output_tail": (r["stdout"] + log.read_text(errors="replace"))[-1500:]}
 
 
 def best(cmd: list[str], log: Path, repeat: int) -> dict:
@@ -76,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
     started = _dt.datetime.now().astimezone()
     load_start = [round(x, 2) for x in os.getloadavg()]
-    git = ib.git_state()
+    git = harness.git_state()
     workdir = Path(args.workdir or tempfile.mkdtemp(prefix="ta-report-bench-")).resolve()
     workdir.mkdir(parents=True, exist_ok=True)
     py = sys.executable
@@ -122,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             pstats.Stats(str(prof_out)).sort_stats("cumulative").print_stats(25)
         payload = {"command": " ".join([py, *sys.argv]), "started": started.isoformat(timespec="seconds"),
                    "ended": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-                   "machine": ib.machine_info() if hasattr(ib, "machine_info") else None,
+                   "machine": harness.machine_info(),
                    "load_avg_start": load_start, "load_avg_end": [round(x, 2) for x in os.getloadavg()],
                    "git": git, "input": {k: man.get(k) for k in ("copies_per_rank", "dir", "reused")},
                    "store": stats, "baseline_info": base, "report": rep, "ratio_to_baseline": ratio,

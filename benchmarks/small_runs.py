@@ -26,23 +26,20 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "benchmarks"))
+import harness  # noqa: E402  (timing and memory of a child: benchmarks/harness.py)
 
 
 def timed(cmd: list[str], env: dict, cwd: Path) -> tuple[float, float]:
     """(CPU seconds, wall seconds) of one command in a fresh process, children included."""
-    t = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, ru = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t
-    err = proc.stderr.read().decode(errors="replace")
-    proc.stderr.close()
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"failed: {' '.join(cmd)}\n{err[-2000:]}")
-    return ru.ru_utime + ru.ru_stime, wall
+    with tempfile.NamedTemporaryFile("w+", suffix=".log") as log:
+        r = harness.run_child(cmd, Path(log.name), env=env, cwd=cwd)
+    if not r["ok"]:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{r['log_tail'][-2000:]}")
+    return r["cpu_seconds"], r["wall_seconds"]
 
 
 def measure(src: Path, run: str, repeat: int, work: Path) -> dict[str, tuple[float, float]]:

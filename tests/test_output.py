@@ -3,6 +3,7 @@ with one denominator; captions match the data; no NaN/<NA> in text; errors name 
 problem; documented exit codes; the demo fits on a screen and ends with the next commands."""
 from __future__ import annotations
 
+import html
 import io
 import json
 import re
@@ -66,7 +67,7 @@ def test_findings_carry_where_and_how_much(slow2_report, store, tmp_path):
         text = p.read_text()
         assert "DistributedDataParallel.forward" in text, fmt
         if fmt != "json":
-            assert "every '% of the step' below is of this time" in text.replace("&#x27;", "'"), fmt
+            assert "every '% of the step' below is of this time" in html.unescape(text), fmt
             assert not NA.search(re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", text)), fmt
     doc = json.loads(paths["json"].read_text())
     assert doc["runs"][0]["findings"][0]["where"]["annotation"] == "DistributedDataParallel.forward"

@@ -243,7 +243,7 @@ def test_build_leaves_the_connection_as_it_was(con, graphs):
     assert graphs
     left = con.execute("SELECT table_name FROM duckdb_tables() WHERE table_name LIKE '_replay%'").fetchall()
     assert left == []
-    with pytest.raises(TraceAnalyzerError, match="no steps"):
+    with pytest.raises(TraceAnalyzerError, match="no run .no_such_run.: runs with steps are"):
         replay.build_graph(con, "no_such_run")
     assert con.execute("SELECT count(*) FROM duckdb_tables() WHERE table_name LIKE '_replay%'").fetchone()[0] == 0
 

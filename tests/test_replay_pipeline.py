@@ -192,7 +192,7 @@ def test_interleaved_what_if(con, costs):
 
 @pytest.mark.parametrize("kwargs,msg", [
     ({"run": "ddp_gloo_2rank"}, "run 'ddp_gloo_2rank' is not a pipeline"),
-    ({"run": "nope"}, "run 'nope' has no steps"),
+    ({"run": "nope"}, "no run 'nope': runs with steps are "),
     ({"run": "pp_1f1b_2rank_m4", "schedule": "zb"}, "unknown schedule 'zb'"),
     ({"run": "pp_1f1b_2rank_m4", "microbatches": 1}, "1f1b needs at least as many micro-batches as stages"),
     ({"run": "pp_1f1b_2rank_m4", "microbatches": 0}, "micro-batches and stages per rank >= 1"),

@@ -59,6 +59,9 @@ class Session:
         ``pipeline_stall_causes``, ...: ``traceanalyzer/analyses/sql/``)."""
         from .analyses import modules, prepare
         from .analyses.results import ALL, compute, query
+        from .store.runs import resolve_run
+        if run is not None:
+            resolve_run(self.con, run, where=self.path)   # an unknown run is an error, not an empty table
         if name not in ALL and name in modules.owner():
             prepare(self.con, views=[name], **params)
             where = "" if run is None else " WHERE run = $run"
@@ -84,12 +87,14 @@ class Session:
         from .analyses.summary import info
         return info(self.path)
 
-    def replay(self, plan, run: str | None = None):
+    def replay(self, plan, run: str | None = None, straggler_metrics: bool = False, chrome_trace=None):
         """Replay ``run`` under ``plan`` (a dict or a JSON file: idealize / scale / scale_comm, or
-        the structural pipeline / ddp plans); the result has ``.steps`` per rank and step,
-        ``.identity_error`` and ``.job_step_ns()``."""
-        from .replay import run_plan
-        return run_plan(self.con, plan, run=run)
+        the structural pipeline / ddp plans), with the straggler metrics and a Chrome trace of the
+        predicted timeline on request (:class:`~traceanalyzer.replay.job.ReplayRun`: ``.per_rank_ns``,
+        ``.breakdown_ns``, ``.straggler``, and the model's ``.steps`` per rank and step,
+        ``.identity_error``, ``.job_step_ns()``)."""
+        from .replay import run as replay_run
+        return replay_run(self.con, plan, run=run, straggler_metrics=straggler_metrics, chrome_trace=chrome_trace)
 
     def job_step_ns(self, run: str) -> float | None:
         """The measured job step of ``run`` from its ``steps`` (per rank the mean step, then the

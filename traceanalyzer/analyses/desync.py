@@ -33,6 +33,7 @@ import pandas as pd
 
 from ..errors import TraceAnalyzerError, TraceInputError
 from ..ingest.batch import format_ranges
+from ..store.runs import resolve_run, store_runs
 
 #: Ops whose input sizes may differ between ranks for a correct call (uneven splits, roots).
 SIZES_MAY_DIFFER = {"all_to_all", "gather", "scatter", "coalesced", "send", "recv", "send_recv", None}
@@ -138,15 +139,9 @@ def _manifest_hints(folders) -> tuple[dict, int | None]:
 def _from_store(store: Path, run: str | None) -> tuple[list[RankDump], dict, int | None]:
     from . import connect
     con = connect(store)
-    runs = [r for (r,) in con.execute("SELECT DISTINCT run FROM fr_dumps ORDER BY run").fetchall()]
-    if not runs:
+    if not store_runs(con, "fr_dumps"):
         raise TraceAnalyzerError(f"{store}: no Flight Recorder dumps in this store (ingest the rank{{R}}.fr.json files)")
-    if run is None:
-        if len(runs) > 1:
-            raise TraceAnalyzerError(f"{store}: Flight Recorder dumps of several runs ({', '.join(runs)}); pick one with --run")
-        run = runs[0]
-    elif run not in runs:
-        raise TraceAnalyzerError(f"{store}: no Flight Recorder dumps of run '{run}' (runs with dumps: {', '.join(runs)})")
+    run = resolve_run(con, run, where=store, table="fr_dumps", what="runs with Flight Recorder dumps")
     heads = con.execute("SELECT rank, source_file, pg_config_json, pg_config_usable, backend FROM fr_dumps WHERE run = ?",
                         [run]).fetchall()
     cur = con.execute("SELECT * EXCLUDE (run) FROM fr_entries WHERE run = ? ORDER BY rank, record_id", [run])

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import TraceAnalyzerError
+from ..store.runs import resolve_run
 
 #: Kinds of events compared as operators: the work a rank does itself (communication executions
 #: are compared as collectives, where waiting can be told apart from transfer).
@@ -101,21 +102,6 @@ def _pct(v) -> str:
 
 
 # -- one run -------------------------------------------------------------------------------------
-
-def _runs(con) -> list[str]:
-    return [r for (r,) in con.execute("SELECT DISTINCT run FROM ranks ORDER BY run").fetchall()]
-
-
-def _pick(con, store, run, which) -> str:
-    runs = _runs(con)
-    if run is None:
-        if len(runs) != 1:
-            raise TraceAnalyzerError(f"{store}: holds {len(runs)} runs ({', '.join(runs)}); choose one with --run-{which}")
-        return runs[0]
-    if run not in runs:
-        raise TraceAnalyzerError(f"{store}: no run '{run}' (runs: {', '.join(runs) or 'none'})")
-    return run
-
 
 def profile(con, store: str, run: str) -> RunProfile:
     """Read what :func:`diff_runs` compares for ``run`` (the analyses' SQL views must be loaded)."""
@@ -243,8 +229,8 @@ def diff_runs(store_a: str | os.PathLike, store_b: str | os.PathLike | None = No
     con_a = connect(store_a)
     con_b = con_a if same else connect(store_b)
     try:
-        ra = _pick(con_a, store_a, run_a, "a")
-        rb = _pick(con_b, store_b or store_a, run_b, "b")
+        ra = resolve_run(con_a, run_a, where=store_a, flag="--run-a")
+        rb = resolve_run(con_b, run_b, where=store_b or store_a, flag="--run-b")
         if same and ra == rb:
             raise TraceAnalyzerError(f"diff: A and B are the same run '{ra}'; give --run-a and --run-b")
         for con in {id(con_a): con_a, id(con_b): con_b}.values():

@@ -20,6 +20,7 @@ from .. import __version__
 from .. import schema as S
 from ..errors import TraceAnalyzerError
 from ..store import files as st
+from ..store.runs import resolve_run, store_runs
 from . import PARAMETERS, prepare
 
 #: analysis name -> the SQL that produces its result table (columns as in schema.RESULTS).
@@ -141,9 +142,7 @@ def analyze(store: str | os.PathLike, run: str | None = None, only: list[str] | 
     from . import connect
     con = connect(store)
     try:
-        runs = [r for (r,) in con.execute("SELECT DISTINCT run FROM ranks ORDER BY run").fetchall()]
-        if run is not None and run not in runs:
-            raise TraceAnalyzerError(f"{store}: no run '{run}' in the store (runs: {', '.join(runs) or 'none'})")
+        runs = [resolve_run(con, run, where=store)] if run is not None else store_runs(con)
         results = compute(con, run=run, only=only, **params)
     finally:
         con.close()

@@ -14,6 +14,7 @@ from pathlib import Path
 from ..analyses import connect
 from ..analyses.summary import info
 from ..ingest.batch import ingest
+from ..store.runs import store_runs
 
 #: The summary stays on one screen (the full tables: `traceanalyzer info STORE`, `analyze STORE`).
 MAX_LINES = 60
@@ -51,7 +52,7 @@ def demo(store: str, record: bool = False) -> int:
         from .. import samples
         sources = samples.runs()
     con = connect(store_path) if (store_path / "_store.json").exists() else None
-    have = {r for (r,) in con.execute("SELECT DISTINCT run FROM ranks").fetchall()} if con else set()
+    have = set(store_runs(con)) if con else set()
     if con is not None:
         con.close()
     for run, folder in sources.items():

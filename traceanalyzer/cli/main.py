@@ -157,68 +157,38 @@ def _cmd_export(args) -> int:
 
 
 def _cmd_replay(args) -> int:
-    from .. import replay as rp
-    plan = rp.load_plan(args.plan)  # a bad plan fails before any work
-    structural = plan["actions"][0]["action"] in rp.STRUCTURAL
-    if structural:
-        res = rp.run_plan(args.store, plan, run=args.run)
-        run = res.run
-        print(f"run '{run}', plan '{plan['name']}' ({plan['actions'][0]['action']} model): identity model error "
-              f"(the recorded settings through the same model) median {100 * res.identity_error['median']:.2f}%, "
-              f"P90 {100 * res.identity_error['p90']:.2f}% over {res.identity_error['n']} rank-steps")
+    from ..session import Session
+    with Session(args.store) as s:
+        r = s.replay(args.plan, run=args.run, straggler_metrics=args.straggler_metrics, chrome_trace=args.chrome_trace)
+    e = r.identity_error
+    if r.structural:
+        print(f"run '{r.run}', plan '{r.plan['name']}' ({r.action} model): identity model error "
+              f"(the recorded settings through the same model) median {100 * e['median']:.2f}%, "
+              f"P90 {100 * e['p90']:.2f}% over {e['n']} rank-steps")
     else:
-        g = rp.build_graph(args.store, run=args.run)
-        sim = rp.Simulator(g)
-        try:
-            res = rp.what_if(g, plan, sim=sim)
-        except TraceAnalyzerError as exc:     # a plan naming what the run does not have: say which file
-            raise TraceAnalyzerError(f"{args.plan}: {exc}") from None
-        run = g.run
-        e = res.identity_error
-        print(f"run '{g.run}', plan '{plan['name']}': {g.n:,} nodes, {len(g.src):,} edges; identity-replay error "
+        print(f"run '{r.run}', plan '{r.plan['name']}': {r.nodes:,} nodes, {r.edges:,} edges; identity-replay error "
               f"median {100 * e['median']:.2f}%, P90 {100 * e['p90']:.2f}% over {e['n']} rank-steps")
-    per_rank = res.steps.groupby("rank")[["measured_ns", "identity_ns", "predicted_ns", "delta_ns"]].mean() / 1e6
-    print(per_rank.round(3).rename(columns=lambda c: c.replace("_ns", "_ms")).to_string())
-    print(f"job step (slowest rank's mean step): measured {res.job_step_ns('measured_ns') / 1e6:.3f} ms, identity "
-          f"{res.job_step_ns('identity_ns') / 1e6:.3f} ms, predicted {res.job_step_ns() / 1e6:.3f} ms")
-    if not structural:
-        bd = res.breakdown_delta().set_index("rank")
-        cols = [c for c in bd.columns if c.endswith("_delta_ns")]
-        delta = (bd[cols] / 1e6).rename(columns=lambda c: c.replace("_delta_ns", ""))
-        classes = [c for c in delta.columns if c != "step_time"]
-        # the classes count work; a rank whose peers got faster waits less, which no class holds: the
-        # rest of the step's change is that waiting (and lanes running at once), so the columns add up
-        delta.insert(len(classes), "waiting_other", delta["step_time"] - delta[classes].sum(axis=1))
+    print((r.per_rank_ns / 1e6).round(3).rename(columns=lambda c: c.replace("_ns", "_ms")).to_string())
+    print(f"job step (slowest rank's mean step): measured {r.job_step_ns('measured_ns') / 1e6:.3f} ms, identity "
+          f"{r.job_step_ns('identity_ns') / 1e6:.3f} ms, predicted {r.job_step_ns() / 1e6:.3f} ms")
+    if r.breakdown_ns is not None:
         print("breakdown delta vs identity (ms per step; the columns add up to step_time, the rank's step; "
               "waiting_other = waiting for peers and work on parallel lanes):")
-        print(delta.round(3).to_string())
-    if args.straggler_metrics:
-        if structural:
-            raise TraceAnalyzerError("--straggler-metrics goes with duration plans (idealize, scale), not with "
-                                     f"'{plan['actions'][0]['action']}'")
-        m = rp.straggler_metrics(g, sim=sim)
+        print((r.breakdown_ns / 1e6).round(3).to_string())
+    m = r.straggler
+    if m is not None:
         print(f"straggler what-if (docs/metrics.md): T {m['T_ns'] / 1e6:.3f} ms (replayed job step), T_ideal "
               f"{m['T_ideal_ns'] / 1e6:.3f} ms (every rank idealised), S = T / T_ideal {m['S']:.3f} "
               f"(slowdown {100 * (m['S'] - 1):.1f}%), waste {m['waste']:.3f}; S_w: " +
-              ", ".join(f"rank {int(r.rank)} {r.S_w:.3f}" for r in m["per_rank"].itertuples()))
-        print("S_t: " + ", ".join(f"{r.op_type} {r.S_t:.3f}" for r in m["per_op_type"].itertuples()))
+              ", ".join(f"rank {int(x.rank)} {x.S_w:.3f}" for x in m["per_rank"].itertuples()))
+        print("S_t: " + ", ".join(f"{x.op_type} {x.S_t:.3f}" for x in m["per_op_type"].itertuples()))
         line = (f"idealising only the worst {len(m['top_ranks'])} rank(s) ({', '.join(map(str, m['top_ranks']))}) "
                 f"recovers {_recovered(m['top_ranks_recovered'])} of the slowdown")
         if m["last_stage_ranks"]:
             line += f"; only the last pipeline stage: {_recovered(m['last_stage_recovered'])}"
         print(line)
-    if args.chrome_trace:
-        import json
-
-        from ..replay.chrome import timeline_chrome, write_chrome_trace
-        if structural:
-            doc = timeline_chrome(res.timeline, run, name=plan["name"])
-            with open(args.chrome_trace, "w") as fh:
-                json.dump(doc, fh)
-            n = sum(e["ph"] == "X" for e in doc["traceEvents"])
-        else:
-            n = write_chrome_trace(g, res.schedule, args.chrome_trace, name=plan["name"])
-        print(f"wrote {args.chrome_trace}: {n} predicted slices")
+    if r.chrome_trace is not None:
+        print(f"wrote {r.chrome_trace}: {r.chrome_slices} predicted slices")
     return 0
 
 

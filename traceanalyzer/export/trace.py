@@ -30,6 +30,7 @@ import pandas as pd
 
 from .. import __version__
 from ..errors import TraceAnalyzerError
+from ..store.runs import resolve_run
 from .timefmt import ns_from_us as _ns
 from .timefmt import us_from_ns as _us
 
@@ -90,14 +91,7 @@ def _lanes(events: pd.DataFrame) -> pd.Series:
 # -- reading the store ---------------------------------------------------------------------------
 
 def _resolve(con, store, run, rank) -> tuple[str, list[int]]:
-    runs = [r for (r,) in con.execute("SELECT DISTINCT run FROM ranks ORDER BY run").fetchall()]
-    if run is None:
-        if len(runs) != 1:
-            raise TraceAnalyzerError(f"{store}: the store holds {len(runs)} runs; choose one with --run "
-                                     f"({', '.join(runs) or 'none'})")
-        run = runs[0]
-    if run not in runs:
-        raise TraceAnalyzerError(f"{store}: no run '{run}' in the store (runs: {', '.join(runs)})")
+    run = resolve_run(con, run, where=store)
     ranks = [int(r) for (r,) in con.execute("SELECT DISTINCT rank FROM ranks WHERE run = $run ORDER BY rank",
                                             {"run": run}).fetchall()]
     if rank is not None and rank not in ranks:

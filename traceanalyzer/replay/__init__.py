@@ -22,7 +22,7 @@ from .simulate import Schedule, Simulator, job_step_ns, simulate, step_times
 
 __all__ = ["Graph", "build_graph", "Simulator", "Schedule", "simulate", "step_times", "identity", "what_if",
            "WhatIf", "straggler_metrics", "load_plan", "apply_plan", "typical_durations", "error_summary", "breakdown",
-           "run_plan", "job_step_ns"]
+           "run_plan", "job_step_ns", "run", "ReplayRun"]
 
 #: classes of the per-step breakdown (node kinds summed per rank and step of a schedule)
 BREAKDOWN = {"cpu_ops": [OP], "gpu_ops": [KERNEL], "comm": [POST], "host_gaps": [GAP]}
@@ -202,3 +202,6 @@ def straggler_metrics(g: Graph, sim: Simulator | None = None, top_pct: float = 3
         out["last_stage_ranks"] = last
         out["last_stage_recovered"] = (T - t_last) / slowdown if slowdown > 0 else float("nan")
     return out
+
+
+from .job import ReplayRun, run  # noqa: E402 (the replay job builds on what_if and straggler_metrics above)

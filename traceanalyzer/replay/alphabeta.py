@@ -35,6 +35,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import TraceAnalyzerError
+from ..store.runs import resolve_run
 
 MAX_PAIRS = 20_000       # Theil-Sen: pairwise slopes from at most this many sampled pairs (per op)
 MIN_SIZE_RATIO = 1.05    # two instances count as different sizes when their wire bytes differ by 5 %
@@ -171,11 +172,7 @@ def fit(store_or_con, run: str | None = None, shared: bool = True, busy=None, ce
     cfun = np.median if center == "median" else np.mean
     con = prepare_comm_views(store_or_con)
     if run is None:
-        runs = [r for (r,) in con.execute("SELECT DISTINCT run FROM comms ORDER BY run").fetchall()]
-        if len(runs) != 1:
-            raise TraceAnalyzerError(f"alpha-beta fit: the store holds {len(runs)} runs with communication "
-                                     f"({', '.join(runs) or 'none'}); give run=")
-        run = runs[0]
+        run = resolve_run(con, run, where="alpha-beta fit", table="comms", flag="run=", what="runs with communication")
     if busy is not None and len(busy):   # merge into sorted disjoint intervals
         from .graph import merge_intervals
         busy = merge_intervals(np.asarray(busy, dtype=np.int64))

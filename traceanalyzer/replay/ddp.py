@@ -6,9 +6,10 @@
     r.timeline         # rank, lane, name, start_ns, end_ns (the predicted step, for a viewer)
     r.job_step_ns()    # per step the slowest rank, averaged over steps
 
-Why a step model and not the replay graph: a bucket change creates and removes collectives, which
-the recorded dependency graph (replay.graph) cannot express. So each (rank, step) is rebuilt from
-what the trace says about it, and the communication is re-planned:
+Why a generated graph and not the recorded one: a bucket change creates and removes collectives,
+which the recorded dependency graph (replay.graph) cannot express. So each (rank, step) is rebuilt
+from what the trace says about it, the communication is re-planned, and the step becomes a graph
+(``ddp_graph``: backward pieces, buckets, resume) that the replay's one simulator runs:
 
 * before backward (forward, zero_grad, ...): the recorded time from the step start to the first
   autograd function, kept as is;
@@ -61,6 +62,7 @@ import pandas as pd
 
 from ..errors import TraceAnalyzerError
 from . import alphabeta
+from .ddp_graph import simulate as simulate_graph
 from .graph import merge_intervals
 
 MIB = 2 ** 20
@@ -281,95 +283,6 @@ def _host_ns_per_byte(d: dict, extra: dict, overlap_rec: bool) -> float:
     return 0.0
 
 
-def _fluid(work: list[np.ndarray], bw0: list[float], ends: list[int], cost: np.ndarray, share: bool):
-    """Backward on every rank and the bucket lane, overlapped: bucket k starts once every rank has
-    computed its last gradient and bucket k-1 is done. ``share``: a rank's compute and the transfer
-    split its core (each at half speed while both run; a transfer goes at its slowest member's
-    speed). Returns (per rank backward end, per bucket (start, end))."""
-    R, n, K = len(work), len(work[0]), len(ends)
-    idx, rem = [0] * R, [float(w[0]) for w in work]
-    bw_end = [None] * R
-    t, k, c_rem, c_start, comm = float(min(bw0)), 0, None, 0.0, []
-    eps = 1e-6
-    for _ in range(10 * (n * R + K) + 100):
-        for r in range(R):
-            while idx[r] < n and t >= bw0[r] and rem[r] <= eps:
-                idx[r] += 1
-                if idx[r] < n:
-                    rem[r] = float(work[r][idx[r]])
-                else:
-                    bw_end[r] = t
-        if c_rem is not None and c_rem <= eps:
-            comm.append((c_start, t))
-            k, c_rem = k + 1, None
-        if c_rem is None and k < K and all(idx[r] > ends[k] for r in range(R)):
-            c_rem, c_start = float(cost[k]), t
-            continue
-        computing = [r for r in range(R) if idx[r] < n and t >= bw0[r]]
-        waiting = [bw0[r] - t for r in range(R) if t < bw0[r]]
-        if not computing and not waiting and c_rem is None:
-            break
-        comp_rate = 1.0 - float(share) / 2 if c_rem is not None else 1.0
-        comm_rate = 1.0 - float(share) / 2 if computing else 1.0
-        dts = [rem[r] / comp_rate for r in computing] + waiting + ([c_rem / comm_rate] if c_rem is not None else [])
-        dt = max(min(dts), 0.0)
-        for r in computing:
-            rem[r] -= dt * comp_rate
-        if c_rem is not None:
-            c_rem -= dt * comm_rate
-        t += dt
-    return bw_end, comm
-
-
-def _simulate(rs: list[_RankStep], cap_mb: float, first_mb: float, overlap: bool, n: int,
-              ab: alphabeta.AlphaBeta, overlap_rec: bool, host_ns_per_byte: float, share: bool,
-              fin_gap: float, timeline: list | None):
-    """Predicted step time per (rank, step) under one setting; appends to ``timeline`` if given."""
-    res, buckets = {}, []
-    for step in sorted({x.step for x in rs}):
-        ranks = [x for x in rs if x.step == step]
-        work = []
-        for x in ranks:
-            w = x.work.copy()
-            if overlap_rec and not overlap:   # no_sync(): no DDP copies into buckets during backward
-                rec = np.maximum(np.diff(np.concatenate([[0], x.ready])), 1)
-                w = np.maximum(w - x.copy * (w / rec), 0)
-            work.append(w)
-        sizes = ranks[0].sizes
-        ends = assign_buckets(sizes, cap_mb * MIB, first_mb * MIB)
-        starts = [0] + [e + 1 for e in ends[:-1]]
-        bbytes = np.array([sizes[a:b + 1].sum() for a, b in zip(starts, ends)])
-        cost = np.asarray(ab.time_ns("all_reduce", bbytes, n), dtype=float)
-        t0 = min(x.start for x in ranks)    # relative times: float ns keep their precision
-        bw0 = [float(x.bw0 - t0) for x in ranks]
-        if overlap:
-            bw_end, comm = _fluid(work, bw0, ends, cost, share)
-        else:   # backward alone, then bucket after bucket, each after the host copies its bytes
-            bw_end = [b + float(w.sum()) for b, w in zip(bw0, work)]
-            t, comm = max(bw_end), []
-            for k in range(len(ends)):
-                s = t + host_ns_per_byte * bbytes[k]
-                t = s + cost[k]
-                comm.append((s, t))
-        t_end = comm[-1][1] if comm else max(bw_end)
-        if not buckets:
-            buckets = list(zip(range(len(ends)), bbytes, cost))
-        for x, be in zip(ranks, bw_end):
-            # the main thread resumes after its own backward and the last bucket (plus the run's gap)
-            fin = max(be, t_end + fin_gap)
-            pred_end = fin + x.post
-            res[(x.rank, step)] = pred_end - (x.start - t0)
-            if timeline is not None:
-                be, fin, pred_end = be + t0, fin + t0, pred_end + t0
-                timeline += [(x.rank, "compute", "before backward", x.start, x.bw0),
-                             (x.rank, "compute", "backward", x.bw0, be),
-                             (x.rank, "compute", "wait for buckets", be, fin),
-                             (x.rank, "compute", "optimizer and rest", fin, pred_end)]
-                timeline += [(x.rank, "comm", f"all_reduce bucket {k} ({bbytes[k] / MIB:.2f} MiB)", s + t0, e + t0)
-                             for k, (s, e) in enumerate(comm)]
-    return res, buckets
-
-
 def predict(store_or_con, run: str | None = None, bucket_mb: float | None = None, overlap: bool | None = None,
             dp: int | None = None, first_bucket_mb: float | None = None,
             recorded_bucket_mb: float | None = None, shared_core: bool | None = None) -> DDPWhatIf:
@@ -379,8 +292,8 @@ def predict(store_or_con, run: str | None = None, bucket_mb: float | None = None
     ``shared_core``: a rank's compute and its collectives share one core (default: True on gloo,
     where collectives run on the CPU; the reference workloads pin each rank to one core)."""
     con = alphabeta.prepare_comm_views(store_or_con)
-    from .graph import resolve_run
-    run = resolve_run(con, run, "ddp what-if")
+    from ..store.runs import resolve_run
+    run = resolve_run(con, run, where="ddp what-if", table="steps", what="runs with steps")
     for name, v in (("bucket_mb", bucket_mb), ("first_bucket_mb", first_bucket_mb), ("recorded_bucket_mb", recorded_bucket_mb)):
         if v is not None and not v > 0:
             raise TraceAnalyzerError(f"ddp what-if: {name} must be > 0, got {v}")
@@ -446,10 +359,10 @@ def predict(store_or_con, run: str | None = None, bucket_mb: float | None = None
                overlap=bool(overlap if overlap is not None else rec["overlap"]), dp=int(dp if dp is not None else n_rec))
     new["first_bucket_mb"] = float(first_bucket_mb if first_bucket_mb is not None else
                                    (new["bucket_mb"] if bucket_mb is not None else rec["first_bucket_mb"]))
-    ident, b_ident = _simulate(rs, rec["bucket_mb"], rec["first_bucket_mb"], rec["overlap"], rec["dp"], ab,
+    ident, b_ident = simulate_graph(rs, rec["bucket_mb"], rec["first_bucket_mb"], rec["overlap"], rec["dp"], ab,
                                overlap_rec, host, shared_core, fin_gap, None)
     timeline: list = []
-    pred, b_pred = _simulate(rs, new["bucket_mb"], new["first_bucket_mb"], new["overlap"], new["dp"], ab,
+    pred, b_pred = simulate_graph(rs, new["bucket_mb"], new["first_bucket_mb"], new["overlap"], new["dp"], ab,
                              overlap_rec, host, shared_core, fin_gap, timeline)
     steps = pd.DataFrame([{"rank": x.rank, "step": x.step, "measured_ns": x.end - x.start,
                            "identity_ns": int(round(ident[(x.rank, x.step)])),

@@ -16,6 +16,7 @@ import pandas as pd
 
 from .. import schema as S
 from ..errors import TraceAnalyzerError
+from ..store.runs import select_runs
 
 
 @dataclass
@@ -35,10 +36,6 @@ class RunData:
         """The result table ``name`` of this run (empty with the schema's columns if absent)."""
         df = self.results.get(name)
         return df if df is not None else pd.DataFrame(columns=S.RESULTS[name].column_names)
-
-
-def store_runs(con) -> list[str]:
-    return [r for (r,) in con.execute("SELECT DISTINCT run FROM ranks ORDER BY run").fetchall()]
 
 
 def _saved(store: Path) -> dict:
@@ -117,14 +114,12 @@ def open_runs(store: str | os.PathLike, run: str | None, progress=None):
     """Open ``store``, check ``run``, make sure its results are saved; returns (con, runs)."""
     from ..analyses import connect
     con = connect(store)
-    runs_all = store_runs(con)
-    if not runs_all:
+    try:
+        runs_all = select_runs(con, None, where=store)
+        runs = select_runs(con, run, where=store)
+    except TraceAnalyzerError:
         con.close()
-        raise TraceAnalyzerError(f"{store}: the store holds no run; ingest traces first")
-    if run is not None and run not in runs_all:
-        con.close()
-        raise TraceAnalyzerError(f"{store}: no run '{run}' in the store (runs: {', '.join(runs_all)})")
-    runs = [run] if run is not None else runs_all
+        raise
     if missing_results(store, runs) and not _writable(store):
         _results_in_memory(con, store, runs, progress)  # a read-only store: computed, not saved
         return con, runs

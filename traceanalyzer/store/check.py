@@ -22,6 +22,7 @@ from pathlib import Path
 from .. import schema as S
 from ..errors import StoreError, StoreWarning
 from . import files as st
+from .runs import no_run_message
 
 _PARQUET_MAGIC = b"PAR1"
 _INT32_MAX = 2**31 - 1
@@ -191,7 +192,7 @@ def remove_run(store: str | os.PathLike, run: str) -> int:
         manifest = st.read_manifest(store)
         runs = sorted({t.get("run") for t in manifest.traces + manifest.sidecars})
         if run not in runs:
-            raise StoreError(f"{store}: no run '{run}' in the store (runs: {', '.join(runs) or 'none'})")
+            raise StoreError(f"{store}: {no_run_message(run, runs)}")
         n = sum(t.get("run") == run for t in manifest.traces + manifest.sidecars)
         manifest.traces = [t for t in manifest.traces if t.get("run") != run]
         manifest.sidecars = [t for t in manifest.sidecars if t.get("run") != run]

@@ -40,7 +40,7 @@ import time
 import numpy as np
 import pandas as pd
 
-from ...errors import TraceAnalyzerError
+from ...store.runs import resolve_run
 from .._jit import warm_up
 from .edges import make_edges
 from .finish import finish
@@ -66,7 +66,7 @@ from .model import (
 )
 
 __all__ = ["ARRIVE", "GAP", "KERNEL", "KIND_NAMES", "NO_REL", "OP", "PIPELINE_VIEWS", "POST", "SYNC", "WAIT",
-           "Graph", "build_graph", "merge_intervals", "resolve_run"]
+           "Graph", "build_graph", "merge_intervals"]
 
 
 def build_graph(store_or_con, run: str | None = None) -> Graph:
@@ -78,7 +78,7 @@ def build_graph(store_or_con, run: str | None = None) -> Graph:
     # connection that has them is used as it is
     have = {v for (v,) in con.execute("SELECT view_name FROM duckdb_views() WHERE temporary").fetchall()}
     bind_views(con, ["clock_offsets", "clock_alignment"])
-    run = resolve_run(con, run, "replay")
+    run = resolve_run(con, run, where="replay", table="steps", what="runs with steps")
     g = _build(con, run)
     g.source = con
     g.stages = pd.DataFrame({"rank": np.zeros(0, np.int32), "stage": np.zeros(0, np.int64)})
@@ -117,16 +117,3 @@ def _build(con, run: str) -> Graph:
     # load_s: reading the store (the events, comms and steps tables); build_s: the rest
     g.stats.update(load_s=phases["load"], build_s=time.perf_counter() - t0 - phases["load"], phases_s=phases)
     return g
-
-
-def resolve_run(con, run: str | None, who: str) -> str:
-    """The run to replay: ``run`` if the store has steps for it, else the store's only run with
-    steps; a one-line error naming ``who`` (the model) otherwise."""
-    runs = [r for (r,) in con.execute("SELECT DISTINCT run FROM steps ORDER BY run").fetchall()]
-    if run is None:
-        if len(runs) != 1:
-            raise TraceAnalyzerError(f"{who}: the store holds {len(runs)} runs with steps ({', '.join(runs)}); give --run")
-        return runs[0]
-    if run not in runs:
-        raise TraceAnalyzerError(f"{who}: run '{run}' has no steps in the store (runs: {', '.join(runs) or 'none'})")
-    return run
