@@ -26,9 +26,18 @@ def _cmd_ingest(args) -> int:
     from ..ingest.batch import ingest
     report = ingest(args.paths or [], args.store, run=args.run, rank=args.rank, workers=args.workers,
                     progress=not args.quiet, nccl_logs=args.nccl_log or [], format=args.format,
-                    column_map=_column_map(args.column_map))
+                    column_map=_column_map(args.column_map), dask=_dask_spec(args))
     print(report.summary())
     return 0
+
+
+def _dask_spec(args) -> str | None:
+    """--dask local[:N] or --scheduler ADDRESS -> ingest's ``dask`` (None: the local process pool)."""
+    if args.dask is not None:
+        from ..ingest.executor import parse_local_spec
+        parse_local_spec(args.dask)  # a bad value fails before any work
+        return args.dask
+    return args.scheduler
 
 
 def _column_map(items) -> dict | None:
@@ -270,6 +279,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--run", help="run name (default: the folder name of the first path)")
     s.add_argument("--rank", type=int, help="rank for traces without distributedInfo.rank (else taken from the file name); for an Nsight Systems export, the rank of its first process (the others follow)")
     s.add_argument("--workers", type=int, help="parallel worker processes (default: number of CPUs)")
+    cluster = s.add_mutually_exclusive_group()
+    cluster.add_argument("--dask", metavar="local[:N]", help="parse on a Dask LocalCluster of N worker processes "
+                         "(started and closed by ingest; needs traceanalyzer[dask])")
+    cluster.add_argument("--scheduler", metavar="ADDRESS", help="parse on a running Dask cluster (tcp://HOST:8786); "
+                         "its workers must see the inputs and the store at the same paths (a shared file system)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument("--nccl-log", action="append", metavar="FILE",
                    help="an NCCL_DEBUG=INFO log (NCCL_DEBUG_SUBSYS=COLL), whatever its name (repeatable)")
