@@ -352,7 +352,7 @@ def _parse_all(files: list[Path], rank: int | None, staging: Path, workers: int 
     where = str(staging) if dask is None else str(Path(staging).absolute())
     calls = [(p, rank, where, opts) for p in paths]
     with open_executor(dask, n_workers, len(files), _PRELOAD, _worker_init) as ex, \
-            closing(ex.map_unordered(_parse_one, calls, [f.name for f in files])) as outcomes:
+            closing(ex.map_unordered(_parse_one, calls, [f"parse-{f.name}" for f in files])) as outcomes:
         for i, result, failure in outcomes:
             results.append(result if failure is None else ("error", paths[i], failure))
             bar.advance(files[i])

@@ -74,7 +74,8 @@ class ProcessPool:
 
 
 class Dask:
-    """Tasks on a Dask cluster through ``client`` (one task per call, no retries)."""
+    """Tasks on a Dask cluster through ``client`` (one task per call, no retries; task keys
+    ``traceanalyzer-NAME-BATCH-I``, so that the dashboard names the file)."""
 
     def __init__(self, client):
         self.client = client
@@ -83,7 +84,7 @@ class Dask:
         from distributed import as_completed as dask_completed
         batch = uuid.uuid4().hex[:8]
         names = list(names) or [str(i) for i in range(len(calls))]
-        futures = [self.client.submit(fn, *args, key=f"traceanalyzer-parse-{names[i]}-{batch}-{i}", pure=False, retries=0)
+        futures = [self.client.submit(fn, *args, key=f"traceanalyzer-{names[i]}-{batch}-{i}", pure=False, retries=0)
                    for i, args in enumerate(calls)]
         index = {fut.key: i for i, fut in enumerate(futures)}
         try:
@@ -126,6 +127,9 @@ def open_executor(dask=None, n_workers: int = 1, n_tasks: int = 1, preload: Sequ
         yield Inline() if n_workers <= 1 else ProcessPool(n_workers, preload, initializer)
         return
     if not isinstance(dask, str):  # a distributed.Client the caller owns
+        if not callable(getattr(dask, "submit", None)):
+            raise TraceAnalyzerError(f"dask={dask!r}: expected 'local', 'local:N', a scheduler address "
+                                     "(tcp://HOST:8786) or a distributed.Client")
         yield Dask(dask)
         return
     local = dask == "local" or dask.startswith("local:")
