@@ -141,3 +141,15 @@ def test_dask_option_without_dask_installed_says_so_in_one_line(tmp_path):
     assert res.stderr == ("traceanalyzer: error: ingest on a Dask cluster needs dask[distributed]: "
                           "pip install 'traceanalyzer[dask]'\n")
     assert not (tmp_path / "s").exists()
+
+
+def test_local_process_pool_reports_a_dead_worker():
+    """The local path behind the same interface: a worker process that exits mid-task is that
+    task's failure (what ingest turns into one line naming the file), not an exception."""
+    from contextlib import closing
+
+    from traceanalyzer.ingest.executor import ProcessPool
+    with closing(ProcessPool(2).map_unordered(os._exit, [(3,)], ["exit"])) as outcomes:
+        got = list(outcomes)
+    assert [(i, result) for i, result, _ in got] == [(0, None)]
+    assert got[0][2].startswith("worker process died (BrokenProcessPool")
