@@ -1,7 +1,7 @@
 """Ingest on a Dask cluster (issue 18 part 2): a real LocalCluster of 2 worker processes, started
 once for the module by the same code as ``ingest --dask local:2``.
 
-- the cluster path stores the same rows as the local process pool, table for table, and the
+- the cluster path stores the same rows as the default one-machine path, table for table, and the
   analyses over both stores are equal;
 - a worker killed while it parses leaves the store byte for byte as it was, with one error line;
 - without dask installed, ``--dask`` says so in one line.
