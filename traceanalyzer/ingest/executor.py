@@ -17,9 +17,10 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import re
 import uuid
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from typing import Callable, Iterator, Sequence
 
 from ..errors import TraceAnalyzerError
@@ -84,13 +85,15 @@ class Dask:
         from distributed import as_completed as dask_completed
         batch = uuid.uuid4().hex[:8]
         names = list(names) or [str(i) for i in range(len(calls))]
-        futures = [self.client.submit(fn, *args, key=f"traceanalyzer-{names[i]}-{batch}-{i}", pure=False, retries=0)
-                   for i, args in enumerate(calls)]
+        keys = [re.sub(r"[^A-Za-z0-9._-]+", "_", f"traceanalyzer-{names[i]}-{batch}-{i}") for i in range(len(calls))]
+        futures = [self.client.submit(fn, *args, key=keys[i], pure=False, retries=0) for i, args in enumerate(calls)]
         index = {fut.key: i for i, fut in enumerate(futures)}
         try:
             for fut in dask_completed(futures, loop=self.client.loop):
                 try:
                     result = fut.result()
+                except TraceAnalyzerError:  # the task's own one-line error: as it would be in this process
+                    raise
                 except Exception as exc:
                     yield index[fut.key], None, _dask_failure(exc)
                 else:
@@ -103,7 +106,7 @@ def _dask_failure(exc: BaseException) -> str:
     """A task that did not return, in a few words (Dask's own messages run over several lines)."""
     name = type(exc).__name__
     if name == "KilledWorker":
-        return "its Dask worker died while parsing it (killed, or out of memory); the store is unchanged"
+        return "the Dask worker running it died (killed, or out of memory); the store is unchanged"
     if isinstance(exc, ModuleNotFoundError):
         return f"the Dask workers cannot import {exc.name!r}: install traceanalyzer on every worker"
     first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else ""
@@ -159,3 +162,16 @@ def open_executor(dask=None, n_workers: int = 1, n_tasks: int = 1, preload: Sequ
                                  f"{str(exc).strip().splitlines()[0][:160] if str(exc).strip() else 'no answer'})") from None
     with client:
         yield Dask(client)
+
+
+def run_all(dask, fn: Callable, calls: Sequence[tuple], names: Sequence[str]) -> list:
+    """``[fn(*args) for args in calls]``, in order: in this process (``dask=None``), else one task
+    each on the Dask cluster ``dask`` names. A task whose worker died raises one line naming it."""
+    out = [None] * len(calls)
+    with open_executor(dask, n_workers=1 if dask is None else os.cpu_count() or 1, n_tasks=len(calls)) as ex, \
+            closing(ex.map_unordered(fn, calls, names)) as outcomes:
+        for i, result, failure in outcomes:
+            if failure is not None:
+                raise TraceAnalyzerError(f"{names[i]}: {failure}")
+            out[i] = result
+    return out
