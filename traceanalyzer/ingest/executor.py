@@ -1,5 +1,6 @@
-"""Where ingest runs its one-task-per-file work: in this process, in a local process pool, or on a
-Dask cluster. One interface, so that ingest has one code path whatever runs the tasks.
+"""Where ingest runs its one-task-per-file work (and report its one task per run): in this process,
+in a local process pool, or on a Dask cluster. One interface, so that ingest has one code path
+whatever runs the tasks; :func:`run_all` is the in-order form ``report`` uses.
 
 ``executor.map_unordered(fn, calls, names)`` yields ``(i, result, failure)`` as tasks finish, in
 any order: ``result`` is ``fn(*calls[i])``, or None when the task died with the process that ran it
