@@ -14,11 +14,13 @@ from . import ingest as _ingest_package  # noqa: E402,F401 - the subpackage firs
 from .errors import StoreError, TraceAnalyzerError, TraceInputError  # noqa: E402
 
 
-def ingest(paths, store, run=None, rank=None, workers=None, progress=False, nccl_logs=()):
+def ingest(paths, store, run=None, rank=None, workers=None, progress=False, nccl_logs=(), dask=None):
     """Parse trace files (or folders) into ``store`` in one atomic commit; returns an ``IngestReport``
-    (:func:`traceanalyzer.ingest.batch.ingest`, which documents the arguments)."""
+    (:func:`traceanalyzer.ingest.batch.ingest`, which documents the arguments; ``dask="local:4"`` or
+    ``"tcp://HOST:8786"`` parses on a Dask cluster)."""
     from .ingest.batch import ingest as _ingest
-    return _ingest(paths, store, run=run, rank=rank, workers=workers, progress=progress, nccl_logs=nccl_logs)
+    return _ingest(paths, store, run=run, rank=rank, workers=workers, progress=progress, nccl_logs=nccl_logs,
+                   dask=dask)
 
 
 def __getattr__(name):

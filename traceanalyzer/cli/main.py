@@ -26,9 +26,27 @@ def _cmd_ingest(args) -> int:
     from ..ingest.batch import ingest
     report = ingest(args.paths or [], args.store, run=args.run, rank=args.rank, workers=args.workers,
                     progress=not args.quiet, nccl_logs=args.nccl_log or [], format=args.format,
-                    column_map=_column_map(args.column_map))
+                    column_map=_column_map(args.column_map), dask=_dask_spec(args))
     print(report.summary())
     return 0
+
+
+def _dask_spec(args) -> str | None:
+    """--dask local[:N] or --scheduler ADDRESS -> ingest's ``dask`` (None: the local process pool)."""
+    if args.dask is not None:
+        from ..ingest.executor import parse_local_spec
+        parse_local_spec(args.dask)  # a bad value fails before any work
+        return args.dask
+    return args.scheduler
+
+
+def _cluster_options(s, what: str) -> None:
+    """--dask local[:N] | --scheduler ADDRESS (see :mod:`traceanalyzer.ingest.executor`)."""
+    cluster = s.add_mutually_exclusive_group()
+    cluster.add_argument("--dask", metavar="local[:N]", help=f"{what} on a Dask LocalCluster of N worker processes "
+                         "(started and closed here; needs traceanalyzer[dask])")
+    cluster.add_argument("--scheduler", metavar="ADDRESS", help=f"{what} on a running Dask cluster (tcp://HOST:8786); "
+                         "its workers must see the inputs and the store at the same paths (a shared file system)")
 
 
 def _column_map(items) -> dict | None:
@@ -122,7 +140,7 @@ def _cmd_report(args) -> int:
     fmt = rp.format_for(args.output or "", args.format)
     out = args.output or f"report.{fmt}"
     rep = rp.build_report(args.store, run=args.run, progress=lambda m: print(m, file=sys.stderr),
-                          replay=not args.no_replay, replay_max_events=args.replay_max_events)
+                          replay=not args.no_replay, replay_max_events=args.replay_max_events, dask=_dask_spec(args))
     rp.write_report(rep, out, fmt)
     print(f"wrote {out} ({fmt}, {len(rep.runs)} run{'s' if len(rep.runs) != 1 else ''})")
     for rr in rep.runs:
@@ -240,6 +258,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--run", help="run name (default: the folder name of the first path)")
     s.add_argument("--rank", type=int, help="rank for traces without distributedInfo.rank (else taken from the file name); for an Nsight Systems export, the rank of its first process (the others follow)")
     s.add_argument("--workers", type=int, help="parallel worker processes (default: number of CPUs)")
+    _cluster_options(s, "parse the files (one task per file)")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument("--nccl-log", action="append", metavar="FILE",
                    help="an NCCL_DEBUG=INFO log (NCCL_DEBUG_SUBSYS=COLL), whatever its name (repeatable)")
@@ -312,6 +331,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--fail-on", action="extend", nargs="+", metavar="KEY>VALUE",
                    help="exit 1 with a one-line reason when a metric crosses a threshold (quote it for the shell: "
                         "'slowdown_pct>10'); also >=, <, <=, ==. Keys: " + ", ".join(METRICS))
+    _cluster_options(s, "build the runs' reports (one task per run: replay, figures)")
     s.set_defaults(func=_cmd_report)
 
     s = sub.add_parser("diff", help="compare two runs: step time, breakdown, ops and kernels, collectives; "

@@ -1,4 +1,4 @@
-"""Ingest Kineto traces into a store: one worker process per file, then one atomic commit.
+"""Ingest Kineto traces into a store: one task per file (a worker process, or a Dask worker), then one atomic commit.
 
 Each worker parses one trace and writes its tables into a private staging folder inside the store
 (same file system, so that moving them into place is a rename). The parent checks the batch as a
@@ -7,7 +7,6 @@ Any error leaves the store as it was.
 """
 from __future__ import annotations
 
-import multiprocessing as mp
 import os
 import re
 import shutil
@@ -16,8 +15,7 @@ import time
 import traceback
 import uuid
 from collections import Counter
-from concurrent.futures import ProcessPoolExecutor, as_completed
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
@@ -218,8 +216,11 @@ def _parse_one(path: str, rank_arg: int | None, staging: str, opts: dict | None 
 
 def _stage(path: str, built, staging: str, shapes_on: bool = False) -> TraceSummary:
     """Write one rank's tables (comms included) into a fresh staging folder."""
+    if not Path(staging).is_dir():  # a cluster's worker without the store, or an ingest already given up
+        raise TraceInputError(path, f"the store's staging folder {staging} is not there on this machine: "
+                                    "the workers of a cluster need the store on a shared file system")
     folder = Path(staging) / uuid.uuid4().hex
-    folder.mkdir(parents=True)
+    folder.mkdir()
     staged = {}
     for name, table in built.tables.items():
         out = folder / f"{name}.parquet"
@@ -254,7 +255,7 @@ def default_run_name(paths: list[Path]) -> str:
 
 def ingest(paths, store, run: str | None = None, rank: int | None = None, workers: int | None = None,
            progress: bool = False, nccl_logs=(), format: str | None = None,
-           column_map: dict | None = None) -> IngestReport:
+           column_map: dict | None = None, dask=None) -> IngestReport:
     """Parse trace files (or folders of them) into ``store``; returns an :class:`IngestReport`.
 
     Per-process inputs found among ``paths`` (Flight Recorder dumps, NCCL debug logs, NCCL
@@ -262,7 +263,10 @@ def ingest(paths, store, run: str | None = None, rank: int | None = None, worker
     ``nccl_logs`` names NCCL debug logs whatever their file names.
     ``rank`` is used only for files whose trace has no ``distributedInfo.rank``. ``format="op-timeline"``
     reads the files named as op timelines (:mod:`traceanalyzer.ingest.op_timeline`; else recognised
-    by their columns), ``column_map`` maps its column names to ours. Raises
+    by their columns), ``column_map`` maps its column names to ours. ``dask`` runs the per-file
+    tasks on a Dask cluster: ``"local"`` / ``"local:N"`` (a LocalCluster of N workers, closed
+    afterwards), a scheduler address (``"tcp://HOST:8786"``) or a ``distributed.Client``; the
+    commit stays in this process (:mod:`traceanalyzer.ingest.executor`). Raises
     :class:`~traceanalyzer.errors.TraceInputError` or :class:`~traceanalyzer.errors.StoreError`
     with a one-line message; the store is then unchanged.
     """
@@ -287,7 +291,7 @@ def ingest(paths, store, run: str | None = None, rank: int | None = None, worker
         staging.mkdir()
         try:
             side_done, already = sidecars.parse_all(side, rank, staging, manifest, run)  # small: first, fail fast
-            summaries = _parse_all(files, rank, staging, workers, progress, opts) if files else []
+            summaries = _parse_all(files, rank, staging, workers, progress, opts, dask) if files else []
             p2p_groups.resolve(summaries)  # gloo p2p on subgroups (PP x DP): needs every rank
             coll_groups.resolve(summaries)  # gloo collectives whose group no runloop thread told
             beside = [sidecars.Sidecar("flight_recorder", p, s.rank) for s in summaries
@@ -329,35 +333,31 @@ def _removed_on_failure(created: Path | None):
         raise
 
 
+#: Modules the local pool's workers import once (forkserver), before forking one process per file.
+_PRELOAD = ["traceanalyzer.ingest.batch", "traceanalyzer.ingest.comms", "traceanalyzer.ingest.kineto.build"]
+
+
 def _parse_all(files: list[Path], rank: int | None, staging: Path, workers: int | None, progress: bool,
-               opts: dict | None = None) -> list[TraceSummary]:
+               opts: dict | None = None, dask=None) -> list[TraceSummary]:
+    """Parse every file, one task each, on the executor ``dask`` names (:mod:`.executor`); stop at
+    the first error and raise it."""
+    from .executor import open_executor
     bar = _Progress(len(files), enabled=progress)
     results = []
     n_workers = max(1, min(workers or os.cpu_count() or 1, len(files)))
-    if workers is None and sum(_size(f) for f in files) < SMALL_INPUT_BYTES:
+    if dask is None and workers is None and sum(_size(f) for f in files) < SMALL_INPUT_BYTES:
         n_workers = 1  # starting a pool costs more than parsing a few small files
-    if n_workers == 1:
-        for f in files:
-            results.append(_parse_one(str(f), rank, str(staging), opts))
-            bar.advance(f)
+    # a cluster's workers have another working directory: they get absolute paths
+    paths = [str(f) if dask is None else str(Path(f).absolute()) for f in files]
+    where = str(staging) if dask is None else str(Path(staging).absolute())
+    calls = [(p, rank, where, opts) for p in paths]
+    with open_executor(dask, n_workers, len(files), _PRELOAD, _worker_init) as ex, \
+            closing(ex.map_unordered(_parse_one, calls, [f"parse-{f.name}" for f in files])) as outcomes:
+        for i, result, failure in outcomes:
+            results.append(result if failure is None else ("error", paths[i], failure))
+            bar.advance(files[i])
             if results[-1][0] == "error":
-                break
-    else:
-        ctx = mp.get_context("forkserver")
-        ctx.set_forkserver_preload(["traceanalyzer.ingest.batch", "traceanalyzer.ingest.comms", "traceanalyzer.ingest.kineto.build"])
-        with ProcessPoolExecutor(n_workers, mp_context=ctx, max_tasks_per_child=1,
-                                 initializer=_worker_init) as pool:
-            futures = {pool.submit(_parse_one, str(f), rank, str(staging), opts): f for f in files}
-            for fut in as_completed(futures):
-                try:
-                    results.append(fut.result())
-                except Exception as exc:  # the worker died (killed, out of memory)
-                    results.append(("error", str(futures[fut]), f"worker process died ({type(exc).__name__}: {exc})"))
-                bar.advance(futures[fut])
-                if results[-1][0] == "error":
-                    for other in futures:
-                        other.cancel()
-                    break
+                break  # closing the generator cancels the rest
     bar.close()
     for r in results:
         if r[0] == "error":

@@ -63,16 +63,20 @@ def build_run(data: RunData, figures: bool = True, store=None, replay: bool = Tr
 
 
 def build_report(store: str | os.PathLike, run: str | None = None, figures: bool = True, progress=None,
-                 replay: bool = True, replay_max_events: int = REPLAY_MAX_EVENTS) -> Report:
+                 replay: bool = True, replay_max_events: int = REPLAY_MAX_EVENTS, dask=None) -> Report:
     """The report of ``run`` (default: every run of the store) from the results ``analyze`` saved;
-    runs whose results are missing are analysed (and saved) first."""
+    runs whose results are missing are analysed (and saved) first. ``dask`` (``"local:N"``, a
+    scheduler address or a ``distributed.Client``) builds the runs' reports (replay, figures) one
+    task per run on a Dask cluster (:func:`traceanalyzer.ingest.executor.run_all`)."""
     con, runs = open_runs(store, run, progress)
     try:
         datas = [load_run(con, store, r, with_intervals=figures) for r in runs]
     finally:
         con.close()  # replay opens the store itself
-    reports = [build_run(d, figures=figures, store=store, replay=replay, replay_max_events=replay_max_events)
-               for d in datas]
+    from ..ingest.executor import run_all
+    where = store if dask is None else str(os.path.abspath(store))  # a cluster's workers: absolute paths
+    reports = run_all(dask, build_run, [(d, figures, where, replay, replay_max_events) for d in datas],
+                      [f"report of run '{d.run}'" for d in datas])
     return Report(store=str(store), runs=reports,
                   created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   versions={"traceanalyzer": __version__, "store_schema_version": S.SCHEMA_VERSION,
