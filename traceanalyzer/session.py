@@ -27,7 +27,8 @@ class Session:
 
     def __init__(self, store: str | os.PathLike):
         from .analyses import connect
-        self.path = Path(store)
+        from .store.files import location
+        self.path = location(store)  # a Path, or a Remote for an s3://... URL
         self.con = connect(self.path)
 
     def __getattr__(self, name):          # sql, execute, df, close ...: the DuckDB connection's

@@ -278,13 +278,12 @@ def ingest(paths, store, run: str | None = None, rank: int | None = None, worker
     run = run or default_run_name(paths or nccl_logs)
     if not _RUN_RE.match(run):
         raise TraceAnalyzerError(f"invalid run name {run!r}: use letters, digits, '.', '_' and '-'")
-    store = Path(store)
-    created = _first_missing(store)  # the top folder this ingest creates, if any
+    store = st.location(store)  # a folder, or a URL (s3://...: staged here, uploaded at the commit)
+    created = _first_missing(store) if isinstance(store, Path) else None  # the top folder this ingest creates
     st.check_writable(store)
     with st.locked(store), _removed_on_failure(created):
         manifest = st.read_manifest(store)
-        staging = store / f".staging-{uuid.uuid4().hex}"
-        staging.mkdir()
+        staging = st.new_staging(store)
         try:
             side_done, already = sidecars.parse_all(side, rank, staging, manifest, run)  # small: first, fail fast
             summaries = _parse_all(files, rank, staging, workers, progress, opts) if files else []

@@ -46,8 +46,21 @@ def file_problem(path: Path) -> str | None:
     return None
 
 
-def damaged_runs(store: Path, manifest: st.Manifest) -> dict[str, str]:
+def _problem_of(store, manifest: st.Manifest):
+    """rel -> None or what is wrong with that listed file: its footer on a local store; one listing
+    of a remote one (an object is written whole or not at all)."""
+    if isinstance(store, Path):
+        return lambda rel: file_problem(store / rel)
+    from .remote import problems
+    rels = [f for t in manifest.traces + manifest.sidecars for f in t.get("files", {}).values()]
+    rels += [f for r in manifest.extra.get("results", {}).values() for f in r.get("files", {}).values()]
+    found = problems(store, rels) if rels else {}
+    return found.get
+
+
+def damaged_runs(store: Path, manifest: st.Manifest, problem_of=None) -> dict[str, str]:
     """run -> what is wrong (the first problem found), for every damaged run."""
+    problem_of = problem_of or _problem_of(store, manifest)
     out: dict[str, str] = {}
     for entry in manifest.traces + manifest.sidecars:
         run = entry.get("run", "?")
@@ -58,7 +71,7 @@ def damaged_runs(store: Path, manifest: st.Manifest) -> dict[str, str]:
             out[run] = f"rank {rank!r} is outside [0, {_INT32_MAX}]"
             continue
         for rel in entry.get("files", {}).values():
-            problem = file_problem(store / rel)
+            problem = problem_of(rel)
             if problem:
                 out[run] = f"{rel} is {problem}"
                 break
@@ -68,9 +81,10 @@ def damaged_runs(store: Path, manifest: st.Manifest) -> dict[str, str]:
 def healthy(store: Path, manifest: st.Manifest, warn: bool = True) -> st.Manifest:
     """The manifest without its damaged runs (the same object when none is damaged); one warning
     line per damaged run."""
-    bad = damaged_runs(store, manifest)
+    problem_of = _problem_of(store, manifest)
+    bad = damaged_runs(store, manifest, problem_of)
     bad_results = [rel for r in manifest.extra.get("results", {}).values()
-                   for run, rel in r.get("files", {}).items() if run not in bad and file_problem(store / rel)]
+                   for run, rel in r.get("files", {}).items() if run not in bad and problem_of(rel)]
     if not bad and not bad_results:
         return manifest
     if warn:
@@ -129,8 +143,8 @@ class CheckReport:
 
 
 def check_store(store: str | os.PathLike, repair: bool = False) -> CheckReport:
-    store = Path(store)
-    if not (store / st.MANIFEST).exists():
+    store = st.location(store)
+    if not st.has_manifest(store):
         raise StoreError(f"{store}: no traceanalyzer store here (missing {st.MANIFEST})")
     manifest = st.read_manifest(store)
     report = _inspect(store, manifest)
@@ -156,13 +170,18 @@ def _drop_results(manifest: st.Manifest, bad: list[str]) -> None:
 
 
 def _inspect(store: Path, manifest: st.Manifest) -> CheckReport:
-    report = CheckReport(str(store), damaged=damaged_runs(store, manifest))
+    problem_of = _problem_of(store, manifest)
+    report = CheckReport(str(store), damaged=damaged_runs(store, manifest, problem_of))
     for r in manifest.extra.get("results", {}).values():
         for run, rel in r.get("files", {}).items():
-            if run not in report.damaged and file_problem(store / rel):
+            if run not in report.damaged and problem_of(rel):
                 report.bad_results.append(rel)
     live = {f for t in manifest.traces + manifest.sidecars for f in t.get("files", {}).values()}
     live |= {f for r in manifest.extra.get("results", {}).values() for f in r.get("files", {}).values()}
+    if not isinstance(store, Path):  # old unlisted objects; no lock, no staging on a remote store
+        from .remote import unlisted
+        report.junk = unlisted(store, live)
+        return report
     for table in [*S.TABLES, "_results"]:
         root = store / table
         if root.exists():
@@ -183,8 +202,8 @@ def _inspect(store: Path, manifest: st.Manifest) -> CheckReport:
 def remove_run(store: str | os.PathLike, run: str) -> int:
     """Remove every trace, per-process input and saved result of ``run`` in one atomic commit;
     returns how many traces and inputs were listed."""
-    store = Path(store)
-    if not (store / st.MANIFEST).exists():
+    store = st.location(store)
+    if not st.has_manifest(store):
         raise StoreError(f"{store}: no traceanalyzer store here (missing {st.MANIFEST})")
     st.check_writable(store)
     with st.locked(store):
