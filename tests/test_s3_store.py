@@ -89,6 +89,11 @@ def test_remote_store_holds_what_a_local_store_holds(stores):
             pd.testing.assert_frame_equal(got, want, check_exact=False, rtol=1e-12, obj=view)
         assert a.execute("SELECT count(*) FROM events").fetchone()[0] > 10_000    # not two empty stores
         assert list(b.analysis("stragglers", run=RUN)["rank"]) == [2]            # the injected straggler
+    # the objects: one manifest per commit (ingest, then analyze), tables under never-reused names
+    keys = _objects("store/")
+    assert {k for k in keys if k.startswith("store/_store/")} >= {
+        "store/_store/manifest-000000000001.json", "store/_store/manifest-000000000002.json"}
+    assert any(k.startswith(f"store/events/run={RUN}/rank=2/window_id=0/part-1-") for k in keys)
 
 
 def test_a_big_remote_store_is_read_in_place(stores, monkeypatch):
@@ -101,18 +106,13 @@ def test_a_big_remote_store_is_read_in_place(stores, monkeypatch):
                 b.execute(f"SELECT count(*) FROM {view} WHERE run = $r", {"r": RUN}).fetchone()
         assert b.execute("SELECT count(*) FROM duckdb_views() WHERE view_name = 'events' "
                          "AND sql LIKE '%s3://traces/store/events/%'").fetchone()[0] == 1
-    # the objects: one manifest per commit (ingest, then analyze), tables under never-reused names
-    keys = _objects("store/")
-    assert {k for k in keys if k.startswith("store/_store/")} >= {
-        "store/_store/manifest-000000000001.json", "store/_store/manifest-000000000002.json"}
-    assert any(k.startswith(f"store/events/run={RUN}/rank=2/window_id=0/part-1-") for k in keys)
 
 
 def test_cli_info_analyze_report_check_on_a_remote_store(stores, run_cli, tmp_path):
     _, url = stores
     code, out, err = run_cli("info", url)
     assert code == 0 and RUN in out and not err
-    code, out, err = run_cli("analyze", url, "--run", RUN)
+    code, out, err = run_cli("analyze", url, "--run", RUN, "--only", "stragglers")
     assert code == 0 and "straggler #1: rank 2" in out, err
     code, out, err = run_cli("report", url, "--run", RUN, "--no-replay", "-o", tmp_path / "r.md")
     assert code == 0, err
@@ -151,7 +151,7 @@ def test_failed_ingest_leaves_the_remote_store_as_it_was(stores, tmp_path):
         assert "bad" not in set(s.runs["run"])
 
 
-def test_killed_writer_leftovers_are_unlisted_then_collected(stores, tmp_path, monkeypatch):
+def test_killed_writer_leftovers_are_unlisted_then_collected(stores, tmp_path, monkeypatch, run_cli):
     """Objects a killed ingest uploaded are never read, shown by `check` once older than the grace
     period, and removed by the next writer."""
     _, url = stores
@@ -165,7 +165,8 @@ def test_killed_writer_leftovers_are_unlisted_then_collected(stores, tmp_path, m
     from traceanalyzer.store.check import check_store
     report = check_store(url)
     assert leftover in report.junk and "leftover" in report.text()    # (and results replaced since)
-    analyze(url, run=OTHER, only=["phases"])               # the next writer collects it
+    code, out, err = run_cli("check", url, "--repair")     # the next writer collects it
+    assert code == 0 and "-> removed" in out, err
     assert f"store/{leftover}" not in _objects("store/")
     assert check_store(url).ok
 
