@@ -190,3 +190,13 @@ def test_missing_bucket_and_wrong_endpoint_are_one_line(endpoint, run_cli):
                            f"s3://{BUCKET}/store2"], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and proc.stderr.count("\n") == 1, proc.stderr
     assert f"s3://{BUCKET}/store2" in proc.stderr and "does not answer" in proc.stderr
+
+
+def test_a_local_store_keeps_its_code_path(stores):
+    """A folder or file:// URL is a Path (today's code, no fsspec import); only a URL is Remote."""
+    local, _ = stores
+    assert st.location(f"file://{local}") == local and st.location(str(local)) == local
+    code = (f"import sys, traceanalyzer as ta; s = ta.open({str(local)!r}); assert len(s.runs) == 1; "
+            "sys.exit(int('fsspec' in sys.modules))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
+    assert subprocess.run([sys.executable, "-c", code], env=dict(env, PYTHONPATH=str(ROOT)), timeout=120).returncode == 0
