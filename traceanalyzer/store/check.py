@@ -191,11 +191,7 @@ def _inspect(store: Path, manifest: st.Manifest) -> CheckReport:
                           if p.name.startswith((f".{st.MANIFEST}.", ".staging-", ".write-test-")))
     lock = store / st.LOCK
     if lock.exists():
-        try:
-            pid = int(lock.read_text().strip() or 0)
-        except (OSError, ValueError):
-            pid = 0
-        report.stale_lock = not (pid and st._alive(pid))
+        report.stale_lock = not st.owner_alive(*st.lock_owner(lock))
     return report
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import uuid
 import weakref
 from contextlib import contextmanager
@@ -178,19 +179,17 @@ def locked(store: Path):
         except OSError as exc:
             if not isinstance(exc, FileExistsError):
                 raise StoreError(f"{store}: cannot take the store lock {lock} ({exc.strerror or exc})") from None
-            try:
-                pid = int(lock.read_text().strip() or 0)
-            except (OSError, ValueError):
-                pid = 0
-            if pid and _alive(pid):
-                raise StoreError(f"{store}: another ingest (pid {pid}) is writing this store; wait for it, "
+            host, pid = lock_owner(lock)
+            if owner_alive(host, pid):
+                on = f" on {host}" if host and host != socket.gethostname() else ""
+                raise StoreError(f"{store}: another ingest (pid {pid}{on}) is writing this store; wait for it, "
                                  f"or remove {lock} if that process is gone") from None
             lock.unlink(missing_ok=True)
     else:
         raise StoreError(f"{store}: cannot take the store lock {lock}")
     try:
         try:
-            os.write(fd, str(os.getpid()).encode())
+            os.write(fd, f"{socket.gethostname()}:{os.getpid()}".encode())
         except OSError as exc:  # disk full: an empty lock file is taken over as stale
             raise StoreError(f"{store}: cannot write the store lock {lock} ({exc.strerror or exc})") from None
         finally:
@@ -198,6 +197,24 @@ def locked(store: Path):
         yield
     finally:
         lock.unlink(missing_ok=True)
+
+
+def lock_owner(lock: Path) -> tuple[str | None, int]:
+    """(host, pid) written in a lock file: ``host:pid`` (``pid`` alone from older writers; 0 when
+    unreadable or empty)."""
+    try:
+        host, _, pid = lock.read_text().strip().rpartition(":")
+        return host or None, int(pid or 0)
+    except (OSError, ValueError):
+        return None, 0
+
+
+def owner_alive(host: str | None, pid: int) -> bool:
+    """Is the lock's process alive? A process of another host (a store on a shared file system)
+    cannot be checked from here: it counts as alive, and the user removes its lock if it is gone."""
+    if host and host != socket.gethostname():
+        return True
+    return bool(pid) and _alive(pid)
 
 
 def _alive(pid: int) -> bool:
