@@ -3,7 +3,9 @@
 Each worker parses one trace and writes its tables into a private staging folder inside the store
 (same file system, so that moving them into place is a rename). The parent checks the batch as a
 whole (ranks, overlapping windows), moves the files to their partitions and commits the manifest.
-Any error leaves the store as it was.
+Any error leaves the store as it was. For a store at a URL (``s3://...``) the staging folder is a
+local temporary one and the commit uploads the files, then creates the next manifest generation
+(:mod:`traceanalyzer.store.remote`).
 """
 from __future__ import annotations
 

@@ -145,7 +145,7 @@ class CheckReport:
 def check_store(store: str | os.PathLike, repair: bool = False) -> CheckReport:
     store = st.location(store)
     if not st.has_manifest(store):
-        raise StoreError(f"{store}: no traceanalyzer store here (missing {st.MANIFEST})")
+        raise StoreError(_no_store(store))
     manifest = st.read_manifest(store)
     report = _inspect(store, manifest)
     if repair and not report.ok:
@@ -162,6 +162,12 @@ def check_store(store: str | os.PathLike, repair: bool = False) -> CheckReport:
             st.collect_garbage(store, manifest)
         report.repaired = True
     return report
+
+
+def _no_store(store) -> str:
+    if isinstance(store, Path):
+        return f"{store}: no traceanalyzer store here (missing {st.MANIFEST})"
+    return st.not_a_store(store)
 
 
 def _drop_results(manifest: st.Manifest, bad: list[str]) -> None:
@@ -200,7 +206,7 @@ def remove_run(store: str | os.PathLike, run: str) -> int:
     returns how many traces and inputs were listed."""
     store = st.location(store)
     if not st.has_manifest(store):
-        raise StoreError(f"{store}: no traceanalyzer store here (missing {st.MANIFEST})")
+        raise StoreError(_no_store(store))
     st.check_writable(store)
     with st.locked(store):
         manifest = st.read_manifest(store)

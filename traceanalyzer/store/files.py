@@ -10,6 +10,9 @@ Atomicity: new files are written and moved into place first; they only become pa
 when the manifest, which lists every live file, is replaced in one ``os.replace``. An ingest
 killed at any point therefore leaves the previous store intact; files it left behind are not
 listed, never read, and removed by the next ingest. A lock file keeps two ingests apart.
+
+A store can also be a URL (``s3://bucket/prefix``, :mod:`.location`): the functions here then hand
+over to :mod:`.remote`, whose commit point is a new manifest object per generation.
 """
 from __future__ import annotations
 

@@ -54,7 +54,7 @@ class Remote:
         except (ValueError, OSError) as exc:
             raise StoreError(f"{self.url}: not a store location ({exc})") from None
         self.root = root.rstrip("/")
-        self.protocol = self.url.split("://", 1)[0]
+        self._reached = False
 
     def __str__(self) -> str:
         return self.url
@@ -129,10 +129,13 @@ class Remote:
                 self.fs.rm([self._key(rel) for rel in rels])
 
     def check_reachable(self) -> None:
-        """One request: the bucket exists and these credentials may list it."""
+        """One request (the first time): the bucket exists and these credentials may list it."""
+        if self._reached:
+            return
         with self.errors("reach the store"):
             self.fs.invalidate_cache()
             self.fs.ls(self.root.split("/")[0])
+        self._reached = True
 
 
 def _why(exc: BaseException, bucket: str) -> str:
