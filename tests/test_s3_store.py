@@ -74,8 +74,15 @@ def _objects(prefix: str) -> dict[str, str]:
     return {o["Key"]: o["ETag"] for page in pages for o in page.get("Contents", [])}
 
 
+#: Columns an analysis fills non-deterministically, whatever the store: imbalance.sql's
+#: ``mode(max_rank)`` picks any of two ranks that were the slowest equally often (ranks 1 and 3
+#: for gloo:all_reduce in this run, 3 steps each), so two analyses of one store may differ there.
+UNSTABLE = {"result_imbalance_ops": "max_rank"}
+
+
 def _rows(con, view: str, run: str):
-    return con.execute(f"SELECT * FROM {view} WHERE run = $run ORDER BY ALL", {"run": run}).df()
+    cols = f"* EXCLUDE ({UNSTABLE[view]})" if view in UNSTABLE else "*"
+    return con.execute(f"SELECT {cols} FROM {view} WHERE run = $run ORDER BY ALL", {"run": run}).df()
 
 
 def test_remote_store_holds_what_a_local_store_holds(stores):
