@@ -185,7 +185,7 @@ def _some_parquet(tmp_path):
     return out
 
 
-def test_missing_bucket_and_wrong_endpoint_are_one_line(endpoint, run_cli):
+def test_missing_bucket_wrong_endpoint_no_credentials_are_one_line(endpoint, run_cli):
     code, out, err = run_cli("info", "s3://no-such-bucket/store")
     assert code != 0 and err.count("\n") == 1
     assert "s3://no-such-bucket/store" in err and "no such bucket 'no-such-bucket'" in err
@@ -197,6 +197,13 @@ def test_missing_bucket_and_wrong_endpoint_are_one_line(endpoint, run_cli):
                            f"s3://{BUCKET}/store2"], env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and proc.stderr.count("\n") == 1, proc.stderr
     assert f"s3://{BUCKET}/store2" in proc.stderr and "does not answer" in proc.stderr
+    env = {k: v for k, v in env.items() if k not in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
+    env.update(AWS_ENDPOINT_URL=endpoint, AWS_SHARED_CREDENTIALS_FILE=os.devnull, AWS_CONFIG_FILE=os.devnull,
+               AWS_EC2_METADATA_DISABLED="true")
+    proc = subprocess.run([sys.executable, "-m", "traceanalyzer", "info", f"s3://{BUCKET}/store"], env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and proc.stderr.count("\n") == 1, proc.stderr
+    assert f"s3://{BUCKET}/store" in proc.stderr and "no credentials" in proc.stderr
 
 
 def test_a_local_store_keeps_its_code_path(stores):

@@ -1,7 +1,7 @@
 """``ta.open(store)``: the one entry object for notebooks and scripts.
 
     import traceanalyzer as ta
-    s = ta.open("store")
+    s = ta.open("store")                     # or ta.open("s3://bucket/store") (docs/store.md)
     s.runs                                   # one row per run
     s.analysis("stragglers", run="ddp4")     # a DataFrame (as_relation=True: a lazy DuckDB relation)
     s.sql("SELECT rank, count(*) FROM comms GROUP BY rank").df()

@@ -257,7 +257,8 @@ def default_run_name(paths: list[Path]) -> str:
 def ingest(paths, store, run: str | None = None, rank: int | None = None, workers: int | None = None,
            progress: bool = False, nccl_logs=(), format: str | None = None,
            column_map: dict | None = None) -> IngestReport:
-    """Parse trace files (or folders of them) into ``store``; returns an :class:`IngestReport`.
+    """Parse trace files (or folders of them) into ``store`` (a folder, or a URL such as
+    ``s3://bucket/prefix``: :mod:`traceanalyzer.store.remote`); returns an :class:`IngestReport`.
 
     Per-process inputs found among ``paths`` (Flight Recorder dumps, NCCL debug logs, NCCL
     Inspector / profiler plugin output; see :mod:`traceanalyzer.ingest.sidecars`) are ingested too, and
