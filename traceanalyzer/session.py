@@ -1,7 +1,7 @@
 """``ta.open(store)``: the one entry object for notebooks and scripts.
 
     import traceanalyzer as ta
-    s = ta.open("store")
+    s = ta.open("store")                     # or ta.open("s3://bucket/store") (docs/store.md)
     s.runs                                   # one row per run
     s.analysis("stragglers", run="ddp4")     # a DataFrame (as_relation=True: a lazy DuckDB relation)
     s.sql("SELECT rank, count(*) FROM comms GROUP BY rank").df()
@@ -27,7 +27,8 @@ class Session:
 
     def __init__(self, store: str | os.PathLike):
         from .analyses import connect
-        self.path = Path(store)
+        from .store.files import location
+        self.path = location(store)  # a Path, or a Remote for an s3://... URL
         self.con = connect(self.path)
 
     def __getattr__(self, name):          # sql, execute, df, close ...: the DuckDB connection's

@@ -225,7 +225,7 @@ def diff_runs(store_a: str | os.PathLike, store_b: str | os.PathLike | None = No
               run_b: str | None = None, min_impact_ns: float = MIN_IMPACT_NS) -> Diff:
     """Compare run ``run_a`` of ``store_a`` with ``run_b`` of ``store_b`` (default: the same store)."""
     from . import connect, prepare
-    same = store_b is None or os.path.abspath(store_b) == os.path.abspath(store_a)
+    same = store_b is None or os.path.abspath(str(store_b)) == os.path.abspath(str(store_a))  # str: a URL too
     con_a = connect(store_a)
     con_b = con_a if same else connect(store_b)
     try:

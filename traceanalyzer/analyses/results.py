@@ -11,7 +11,6 @@ import datetime as _dt
 import json
 import os
 import re
-from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
@@ -110,7 +109,7 @@ def _conform(name: str, df: pd.DataFrame) -> pd.DataFrame:
 def save(store: str | os.PathLike, results: dict[str, pd.DataFrame], params: dict, runs: list[str]) -> None:
     """Write results into the store atomically: one file per analysis and run, for every run
     analysed (an empty result replaces an older non-empty one)."""
-    store = Path(store)
+    store = st.location(store)
     if not st.writable(store):  # reading needs no write access: say it once, keep the results in hand
         import warnings
 
@@ -126,9 +125,8 @@ def save(store: str | os.PathLike, results: dict[str, pd.DataFrame], params: dic
             table = pa.Table.from_pandas(df, schema=S.RESULTS[name].arrow_schema, preserve_index=False)
             entry = saved.setdefault(name, {"files": {}})
             for run in runs:
-                rel = f"_results/{name}/{run}.{gen}.parquet"
-                (store / rel).parent.mkdir(parents=True, exist_ok=True)
-                st.write_table(table.filter(pa.compute.equal(table["run"], run)), store / rel)
+                rel = st.put_table(store, table.filter(pa.compute.equal(table["run"], run)),
+                                   f"_results/{name}/{run}.{gen}")
                 entry["files"][run] = rel
             entry.update(version=S.RESULTS_VERSION, params=params,
                          created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))

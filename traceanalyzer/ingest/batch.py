@@ -3,7 +3,9 @@
 Each worker parses one trace and writes its tables into a private staging folder inside the store
 (same file system, so that moving them into place is a rename). The parent checks the batch as a
 whole (ranks, overlapping windows), moves the files to their partitions and commits the manifest.
-Any error leaves the store as it was.
+Any error leaves the store as it was. For a store at a URL (``s3://...``) the staging folder is a
+local temporary one and the commit uploads the files, then creates the next manifest generation
+(:mod:`traceanalyzer.store.remote`).
 """
 from __future__ import annotations
 
@@ -256,7 +258,8 @@ def default_run_name(paths: list[Path]) -> str:
 def ingest(paths, store, run: str | None = None, rank: int | None = None, workers: int | None = None,
            progress: bool = False, nccl_logs=(), format: str | None = None,
            column_map: dict | None = None, dask=None) -> IngestReport:
-    """Parse trace files (or folders of them) into ``store``; returns an :class:`IngestReport`.
+    """Parse trace files (or folders of them) into ``store`` (a folder, or a URL such as
+    ``s3://bucket/prefix``: :mod:`traceanalyzer.store.remote`); returns an :class:`IngestReport`.
 
     Per-process inputs found among ``paths`` (Flight Recorder dumps, NCCL debug logs, NCCL
     Inspector / profiler plugin output; see :mod:`traceanalyzer.ingest.sidecars`) are ingested too, and
@@ -282,13 +285,12 @@ def ingest(paths, store, run: str | None = None, rank: int | None = None, worker
     run = run or default_run_name(paths or nccl_logs)
     if not _RUN_RE.match(run):
         raise TraceAnalyzerError(f"invalid run name {run!r}: use letters, digits, '.', '_' and '-'")
-    store = Path(store)
-    created = _first_missing(store)  # the top folder this ingest creates, if any
+    store = st.location(store)  # a folder, or a URL (s3://...: staged here, uploaded at the commit)
+    created = _first_missing(store) if isinstance(store, Path) else None  # the top folder this ingest creates
     st.check_writable(store)
     with st.locked(store), _removed_on_failure(created):
         manifest = st.read_manifest(store)
-        staging = store / f".staging-{uuid.uuid4().hex}"
-        staging.mkdir()
+        staging = st.new_staging(store)
         try:
             side_done, already = sidecars.parse_all(side, rank, staging, manifest, run)  # small: first, fail fast
             summaries = _parse_all(files, rank, staging, workers, progress, opts, dask) if files else []

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pandas as pd
 
 from .. import schema as S
 from ..errors import TraceAnalyzerError
+from ..store.files import location
 from ..store.runs import select_runs
 
 
@@ -38,7 +38,7 @@ class RunData:
         return df if df is not None else pd.DataFrame(columns=S.RESULTS[name].column_names)
 
 
-def _saved(store: Path) -> dict:
+def _saved(store) -> dict:
     from ..store.files import read_manifest
     return read_manifest(store).extra.get("results", {})
 
@@ -53,7 +53,7 @@ REQUIRED = ("phases", "temporal_breakdown", "stragglers", "imbalance", "imbalanc
 
 def missing_results(store: str | os.PathLike, runs: list[str]) -> dict[str, list[str]]:
     """Per run of ``runs``: the required result tables not saved, or saved by another results version."""
-    saved = _saved(Path(store))
+    saved = _saved(location(store))
     out = {}
     for run in runs:
         names = [n for n in REQUIRED if run not in saved.get(n, {}).get("files", {})
@@ -92,7 +92,7 @@ def load_run(con, store: str | os.PathLike, run: str, with_intervals: bool = Tru
         SELECT pg_name, any_value(pg_desc) AS pg_desc, max(pg_size) AS pg_size, any_value(pg_ranks) AS pg_ranks,
                count(DISTINCT rank) AS seen_on_ranks
         FROM process_groups WHERE run = $run GROUP BY pg_name ORDER BY pg_name""", {"run": run}).df()
-    entry = _saved(Path(store)).get("stragglers", {})
+    entry = _saved(location(store)).get("stragglers", {})
     events = con.execute("SELECT count(*) FROM events WHERE run = $run", {"run": run}).fetchone()[0]
     data = RunData(run=run, results=results, ranks=ranks, groups=groups, params=dict(entry.get("params", {})),
                    events=int(events))
@@ -132,7 +132,7 @@ def open_runs(store: str | os.PathLike, run: str | None, progress=None):
 
 def _writable(store) -> bool:
     from ..store.files import writable
-    return writable(Path(store))
+    return writable(location(store))
 
 
 def _results_in_memory(con, store, runs: list[str], progress=None) -> None:

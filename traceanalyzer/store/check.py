@@ -47,8 +47,21 @@ def file_problem(path: Path) -> str | None:
     return None
 
 
-def damaged_runs(store: Path, manifest: st.Manifest) -> dict[str, str]:
+def _problem_of(store, manifest: st.Manifest):
+    """rel -> None or what is wrong with that listed file: its footer on a local store; one listing
+    of a remote one (an object is written whole or not at all)."""
+    if isinstance(store, Path):
+        return lambda rel: file_problem(store / rel)
+    from .remote import problems
+    rels = [f for t in manifest.traces + manifest.sidecars for f in t.get("files", {}).values()]
+    rels += [f for r in manifest.extra.get("results", {}).values() for f in r.get("files", {}).values()]
+    found = problems(store, rels) if rels else {}
+    return found.get
+
+
+def damaged_runs(store: Path, manifest: st.Manifest, problem_of=None) -> dict[str, str]:
     """run -> what is wrong (the first problem found), for every damaged run."""
+    problem_of = problem_of or _problem_of(store, manifest)
     out: dict[str, str] = {}
     for entry in manifest.traces + manifest.sidecars:
         run = entry.get("run", "?")
@@ -59,7 +72,7 @@ def damaged_runs(store: Path, manifest: st.Manifest) -> dict[str, str]:
             out[run] = f"rank {rank!r} is outside [0, {_INT32_MAX}]"
             continue
         for rel in entry.get("files", {}).values():
-            problem = file_problem(store / rel)
+            problem = problem_of(rel)
             if problem:
                 out[run] = f"{rel} is {problem}"
                 break
@@ -69,9 +82,10 @@ def damaged_runs(store: Path, manifest: st.Manifest) -> dict[str, str]:
 def healthy(store: Path, manifest: st.Manifest, warn: bool = True) -> st.Manifest:
     """The manifest without its damaged runs (the same object when none is damaged); one warning
     line per damaged run."""
-    bad = damaged_runs(store, manifest)
+    problem_of = _problem_of(store, manifest)
+    bad = damaged_runs(store, manifest, problem_of)
     bad_results = [rel for r in manifest.extra.get("results", {}).values()
-                   for run, rel in r.get("files", {}).items() if run not in bad and file_problem(store / rel)]
+                   for run, rel in r.get("files", {}).items() if run not in bad and problem_of(rel)]
     if not bad and not bad_results:
         return manifest
     if warn:
@@ -130,9 +144,9 @@ class CheckReport:
 
 
 def check_store(store: str | os.PathLike, repair: bool = False) -> CheckReport:
-    store = Path(store)
-    if not (store / st.MANIFEST).exists():
-        raise StoreError(f"{store}: no traceanalyzer store here (missing {st.MANIFEST})")
+    store = st.location(store)
+    if not st.has_manifest(store):
+        raise StoreError(_no_store(store))
     manifest = st.read_manifest(store)
     report = _inspect(store, manifest)
     if repair and not report.ok:
@@ -151,19 +165,30 @@ def check_store(store: str | os.PathLike, repair: bool = False) -> CheckReport:
     return report
 
 
+def _no_store(store) -> str:
+    if isinstance(store, Path):
+        return f"{store}: no traceanalyzer store here (missing {st.MANIFEST})"
+    return st.not_a_store(store)
+
+
 def _drop_results(manifest: st.Manifest, bad: list[str]) -> None:
     for r in manifest.extra.get("results", {}).values():
         r["files"] = {k: v for k, v in r.get("files", {}).items() if v not in bad}
 
 
 def _inspect(store: Path, manifest: st.Manifest) -> CheckReport:
-    report = CheckReport(str(store), damaged=damaged_runs(store, manifest))
+    problem_of = _problem_of(store, manifest)
+    report = CheckReport(str(store), damaged=damaged_runs(store, manifest, problem_of))
     for r in manifest.extra.get("results", {}).values():
         for run, rel in r.get("files", {}).items():
-            if run not in report.damaged and file_problem(store / rel):
+            if run not in report.damaged and problem_of(rel):
                 report.bad_results.append(rel)
     live = {f for t in manifest.traces + manifest.sidecars for f in t.get("files", {}).values()}
     live |= {f for r in manifest.extra.get("results", {}).values() for f in r.get("files", {}).values()}
+    if not isinstance(store, Path):  # old unlisted objects; no lock, no staging on a remote store
+        from .remote import unlisted
+        report.junk = unlisted(store, live)
+        return report
     for table in [*S.TABLES, "_results"]:
         root = store / table
         if root.exists():
@@ -173,20 +198,16 @@ def _inspect(store: Path, manifest: st.Manifest) -> CheckReport:
                           if p.name.startswith((f".{st.MANIFEST}.", ".staging-", ".write-test-")))
     lock = store / st.LOCK
     if lock.exists():
-        try:
-            pid = int(lock.read_text().strip() or 0)
-        except (OSError, ValueError):
-            pid = 0
-        report.stale_lock = not (pid and st._alive(pid))
+        report.stale_lock = not st.owner_alive(*st.lock_owner(lock))
     return report
 
 
 def remove_run(store: str | os.PathLike, run: str) -> int:
     """Remove every trace, per-process input and saved result of ``run`` in one atomic commit;
     returns how many traces and inputs were listed."""
-    store = Path(store)
-    if not (store / st.MANIFEST).exists():
-        raise StoreError(f"{store}: no traceanalyzer store here (missing {st.MANIFEST})")
+    store = st.location(store)
+    if not st.has_manifest(store):
+        raise StoreError(_no_store(store))
     st.check_writable(store)
     with st.locked(store):
         manifest = st.read_manifest(store)

@@ -10,13 +10,18 @@ Atomicity: new files are written and moved into place first; they only become pa
 when the manifest, which lists every live file, is replaced in one ``os.replace``. An ingest
 killed at any point therefore leaves the previous store intact; files it left behind are not
 listed, never read, and removed by the next ingest. A lock file keeps two ingests apart.
+
+A store can also be a URL (``s3://bucket/prefix``, :mod:`.location`): the functions here then hand
+over to :mod:`.remote`, whose commit point is a new manifest object per generation.
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import socket
 import uuid
+import weakref
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +32,8 @@ import pyarrow as pa
 from .. import __version__
 from .. import schema as S
 from ..errors import StoreError
+from .location import Remote
+from .location import location as _location
 
 MANIFEST = "_store.json"
 LOCK = "_store.lock"
@@ -55,7 +62,16 @@ class Manifest:
         return [t["files"][table] for t in self.traces + self.sidecars if table in t["files"]]
 
 
-def read_manifest(store: Path) -> Manifest:
+def location(store) -> Path | Remote:
+    """A Path for a local (or shared-filesystem) store, a :class:`Remote` for a URL (``s3://...``)."""
+    return _location(store)
+
+
+def read_manifest(store: Path | Remote) -> Manifest:
+    if isinstance(store, Remote):
+        from . import remote
+        doc = remote.read_doc(store)
+        return Manifest() if doc is None else _from_doc(doc, store.url_of(remote.manifest_name(doc["generation"])), store)
     path = store / MANIFEST
     if not path.exists():
         if store.exists() and any(not p.name.startswith((".", "_store")) for p in store.iterdir()):
@@ -65,6 +81,10 @@ def read_manifest(store: Path) -> Manifest:
         doc = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise StoreError(f"{path}: unreadable store manifest ({exc})") from None
+    return _from_doc(doc, path, store)
+
+
+def _from_doc(doc: dict, path, store) -> Manifest:
     if doc.get("format") != FORMAT:
         raise StoreError(f"{path}: not a traceanalyzer store manifest")
     version = str(doc.get("schema_version", "?"))
@@ -76,7 +96,10 @@ def read_manifest(store: Path) -> Manifest:
                     {k: v for k, v in doc.items() if k not in known}, list(doc.get("sidecars", [])))
 
 
-def write_manifest(store: Path, manifest: Manifest) -> None:
+def write_manifest(store: Path | Remote, manifest: Manifest) -> None:
+    if isinstance(store, Remote):
+        from .remote import write_manifest as commit
+        return commit(store, manifest)
     tmp = store / f".{MANIFEST}.{uuid.uuid4().hex}.tmp"
     try:
         tmp.write_text(manifest.to_json())
@@ -91,6 +114,8 @@ def write_manifest(store: Path, manifest: Manifest) -> None:
 
 def writable(store: Path) -> bool:
     """Can this process write the store (results, lock)? False on a read-only store."""
+    if isinstance(store, Remote):
+        return True  # known only by trying: a refused write is one StoreError line
     return os.access(store, os.W_OK | os.X_OK)
 
 
@@ -99,8 +124,20 @@ def _is_trace_name(p: Path) -> bool:
     return p.name.endswith((".trace.json", ".json.gz", ".fr.json", ".fr.pkl")) or p.name.startswith("nccl_trace_rank_")
 
 
-def not_a_store(store: Path) -> str:
+def has_manifest(store: Path | Remote) -> bool:
+    """Has ``store`` been committed to at least once?"""
+    if isinstance(store, Remote):
+        from .remote import latest
+        store.check_reachable()
+        return latest(store) is not None
+    return (store / MANIFEST).exists()
+
+
+def not_a_store(store: Path | Remote) -> str:
     """Why ``store`` is not a store, naming what the path is (a file, a trace folder, ...) and what to do."""
+    if isinstance(store, Remote):
+        return (f"{store}: no traceanalyzer store here (no _store/manifest-*.json); create one with "
+                f"`traceanalyzer ingest TRACES --store {store}`")
     if store.is_file():
         what = "a trace file" if _is_trace_name(store) else "a file"
         return (f"{store}: this is {what}, not a store (a store is a folder with {MANIFEST}); "
@@ -116,7 +153,9 @@ def not_a_store(store: Path) -> str:
     return f"{store}: no such store folder; create one with `traceanalyzer ingest TRACES --store {store}`"
 
 
-def check_writable(store: Path) -> None:
+def check_writable(store: Path | Remote) -> None:
+    if isinstance(store, Remote):
+        return store.check_reachable()
     if store.exists() and not store.is_dir():
         raise StoreError(f"{store}: this is a file, not a folder; the store is a folder: choose another --store path")
     try:
@@ -130,7 +169,11 @@ def check_writable(store: Path) -> None:
 
 @contextmanager
 def locked(store: Path):
-    """Exclusive write access to the store; a lock left by a dead process is taken over."""
+    """Exclusive write access to the store; a lock left by a dead process is taken over. A remote
+    store has no lock: its commit is a conditional create (:mod:`.remote`)."""
+    if isinstance(store, Remote):
+        yield
+        return
     lock = store / LOCK
     for _ in range(2):
         try:
@@ -139,19 +182,17 @@ def locked(store: Path):
         except OSError as exc:
             if not isinstance(exc, FileExistsError):
                 raise StoreError(f"{store}: cannot take the store lock {lock} ({exc.strerror or exc})") from None
-            try:
-                pid = int(lock.read_text().strip() or 0)
-            except (OSError, ValueError):
-                pid = 0
-            if pid and _alive(pid):
-                raise StoreError(f"{store}: another ingest (pid {pid}) is writing this store; wait for it, "
+            host, pid = lock_owner(lock)
+            if owner_alive(host, pid):
+                on = f" on {host}" if host and host != socket.gethostname() else ""
+                raise StoreError(f"{store}: another ingest (pid {pid}{on}) is writing this store; wait for it, "
                                  f"or remove {lock} if that process is gone") from None
             lock.unlink(missing_ok=True)
     else:
         raise StoreError(f"{store}: cannot take the store lock {lock}")
     try:
         try:
-            os.write(fd, str(os.getpid()).encode())
+            os.write(fd, f"{socket.gethostname()}:{os.getpid()}".encode())
         except OSError as exc:  # disk full: an empty lock file is taken over as stale
             raise StoreError(f"{store}: cannot write the store lock {lock} ({exc.strerror or exc})") from None
         finally:
@@ -159,6 +200,24 @@ def locked(store: Path):
         yield
     finally:
         lock.unlink(missing_ok=True)
+
+
+def lock_owner(lock: Path) -> tuple[str | None, int]:
+    """(host, pid) written in a lock file: ``host:pid`` (``pid`` alone from older writers; 0 when
+    unreadable or empty)."""
+    try:
+        host, _, pid = lock.read_text().strip().rpartition(":")
+        return host or None, int(pid or 0)
+    except (OSError, ValueError):
+        return None, 0
+
+
+def owner_alive(host: str | None, pid: int) -> bool:
+    """Is the lock's process alive? A process of another host (a store on a shared file system)
+    cannot be checked from here: it counts as alive, and the user removes its lock if it is gone."""
+    if host and host != socket.gethostname():
+        return True
+    return bool(pid) and _alive(pid)
 
 
 def _alive(pid: int) -> bool:
@@ -182,6 +241,9 @@ def place(store: Path, staged: dict[str, str], run: str, rank: int, part: str,
           window_id: int | None = None) -> dict[str, str]:
     """Move staged Parquet files (table -> path) into their partitions as ``part-<part>.parquet``;
     returns table -> the path relative to the store, for the manifest (which the caller commits)."""
+    if isinstance(store, Remote):
+        from .remote import place as upload
+        return upload(store, staged, {t: partition_dir(t, run, rank, window_id) for t in staged}, part)
     files = {}
     for table, path in staged.items():
         rel = f"{partition_dir(table, run, rank, window_id)}/part-{part}.parquet"
@@ -194,6 +256,10 @@ def place(store: Path, staged: dict[str, str], run: str, rank: int, part: str,
 def collect_garbage(store: Path, manifest: Manifest) -> None:
     """Remove files no manifest lists (left by an ingest that was killed) and old staging dirs."""
     live = {f for t in manifest.traces + manifest.sidecars for f in t["files"].values()}
+    if isinstance(store, Remote):
+        from .remote import collect_garbage as collect
+        collect(store, live | {f for r in manifest.extra.get("results", {}).values() for f in r.get("files", {}).values()})
+        return
     for table in S.TABLES:
         root = store / table
         if not root.exists():
@@ -233,14 +299,18 @@ def open_store(store: str | os.PathLike, read_only_db: str | None = None):
     ``comms_fr`` and ``comms_nccl`` views, and the ``nccl_comm_map`` table (computed here, in memory,
     by :mod:`traceanalyzer.analyses.nccl_join` when the store holds NCCL logs or plugin output)."""
     import duckdb  # imported here: ingest workers never need it
-    store = Path(store)
-    if not (store / MANIFEST).exists():
+    store = location(store)
+    if isinstance(store, Path) and not (store / MANIFEST).exists():
+        raise StoreError(not_a_store(store))
+    manifest = read_manifest(store)
+    if isinstance(store, Remote) and manifest.generation == 0:  # a prefix that holds nothing yet
         raise StoreError(not_a_store(store))
     from .check import healthy
-    manifest = healthy(store, read_manifest(store))  # a damaged run is left out (one warning line)
+    manifest = healthy(store, manifest)  # a damaged run is left out (one warning line)
     con = duckdb.connect(read_only_db or ":memory:")
+    where = _readable(store, manifest, con)
     for name, table in S.TABLES.items():
-        files = [str(store / f) for f in manifest.files(name)]
+        files = [where(f) for f in manifest.files(name)]
         hive_types = "{" + ", ".join(f"'{k}': '{S.PARTITION_KEYS[k]}'" for k in table.partition) + "}"
         if files:
             con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet({_sql_list(files)}, "
@@ -253,15 +323,32 @@ def open_store(store: str | os.PathLike, read_only_db: str | None = None):
                any_value(backend) AS backend, min(start_ts_ns) AS start_ts_ns, max(end_ts_ns) AS end_ts_ns
         FROM ranks GROUP BY run""")
     con.execute(_COMMS_FR)
-    _result_views(con, store, manifest)
+    _result_views(con, where, manifest)
     return con
 
 
-def _result_views(con, store: Path, manifest: Manifest) -> None:
+def _readable(store: Path | Remote, manifest: Manifest, con):
+    """rel -> the path (or URL) DuckDB reads that listed file at: in the store folder; for a
+    remote store a local copy, removed with the connection (:func:`.remote.readable`), or the URL
+    read through the store's fsspec filesystem."""
+    if not isinstance(store, Remote):
+        return lambda rel: str(store / rel)
+    from .remote import readable
+    results = [f for r in manifest.extra.get("results", {}).values() for f in r.get("files", {}).values()]
+    where, folder = readable(store, [f for t in manifest.traces + manifest.sidecars
+                                     for f in t["files"].values()] + results)
+    if folder is None:
+        con.register_filesystem(store.fs)
+    else:
+        weakref.finalize(con, shutil.rmtree, folder, True)
+    return where.__getitem__
+
+
+def _result_views(con, where, manifest: Manifest) -> None:
     """``result_<analysis>`` views over what ``traceanalyzer analyze`` saved (empty when not run)."""
     saved = manifest.extra.get("results", {})
     for name, table in S.RESULTS.items():
-        files = [str(store / f) for f in saved.get(name, {}).get("files", {}).values()]
+        files = [where(f) for f in saved.get(name, {}).get("files", {}).values()]
         if files:
             con.execute(f"CREATE VIEW result_{name} AS SELECT * FROM read_parquet({_sql_list(files)}, union_by_name = true)")
         else:
@@ -287,6 +374,29 @@ _COMMS_FR = """
     FROM comms c LEFT JOIN fr
       ON fr.run = c.run AND fr.rank = c.rank AND fr.pg_name = c.pg_name AND fr.collective_seq_id = c.seq
     WHERE NOT c.is_p2p AND c.seq_source IN ('flight_recorder', 'nccl_seq')"""
+
+
+def new_staging(store: Path | Remote) -> Path:
+    """A fresh folder for an ingest's staged Parquet files: inside a local store (same file system:
+    moving them into place is a rename), a local temporary folder for a remote one (uploaded)."""
+    if isinstance(store, Remote):
+        from .remote import new_staging as local_tmp
+        return local_tmp()
+    staging = store / f".staging-{uuid.uuid4().hex}"
+    staging.mkdir()
+    return staging
+
+
+def put_table(store: Path | Remote, table: pa.Table, stem: str) -> str:
+    """Write ``table`` as a new file of the store named after ``stem``; returns its name relative
+    to the store (for the manifest, which the caller commits)."""
+    if isinstance(store, Remote):
+        from .remote import put_table as upload
+        return upload(store, table, stem)
+    rel = f"{stem}.parquet"
+    (store / rel).parent.mkdir(parents=True, exist_ok=True)
+    write_table(table, store / rel)
+    return rel
 
 
 def write_table(table: pa.Table, path: Path) -> None:
