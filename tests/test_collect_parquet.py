@@ -3,6 +3,7 @@
 collector (``profile(op_timeline=True)``) records every rank's op timeline from the loop itself."""
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import os
@@ -110,11 +111,14 @@ def test_collector_parts_equal_what_ingest_makes_from_the_json(ddp_run, tmp_path
 
 def test_stale_or_damaged_parts_fall_back_to_the_json_with_one_warning(ddp_run, tmp_path, caplog):
     run = tmp_path / "cp"
-    shutil.copytree(ddp_run, run)   # copies keep the mtimes: the parts are still valid here
+    shutil.copytree(ddp_run, run)   # a copy: the parts are still valid (their signature is the JSON's content)
     ta.ingest([run], tmp_path / "ref")
     assert _used_parts(tmp_path / "ref", run)
     trace = run / "rank1.window0.pt.trace.json.gz"
-    os.utime(trace, ns=(trace.stat().st_atime_ns, trace.stat().st_mtime_ns + 1_000_000_000))  # rewritten after
+    doc = json.loads(gzip.decompress(trace.read_bytes()))
+    ops = [i for i, e in enumerate(doc["traceEvents"]) if e.get("cat") == "cpu_op"]
+    doc["traceEvents"] = [e for i, e in enumerate(doc["traceEvents"]) if i not in set(ops[-10:])]   # edited after
+    trace.write_bytes(gzip.compress(json.dumps(doc).encode()))
     damaged = run / "parquet/rank=0/window=0/events.parquet"
     damaged.unlink()   # a new file: the store's events file is a hard link to the old one
     damaged.write_bytes(b"PAR1 truncated")
@@ -123,7 +127,11 @@ def test_stale_or_damaged_parts_fall_back_to_the_json_with_one_warning(ddp_run, 
     assert len(lines) == 2
     assert "rank1.window0.pt.trace.json.gz" in lines[1] and "the JSON changed after" in lines[1]
     assert "rank0.window0.pt.trace.json.gz" in lines[0] and "events.parquet" in lines[0]
-    _assert_same(tmp_path / "ref", tmp_path / "fallback")
+    events = {t.rank: t.counts["events"] for t in report.traces}
+    assert events[1] == ta.ingest([ddp_run], tmp_path / "orig").traces[1].counts["events"] - 10   # the edited JSON
+    shutil.move(str(run / "parquet"), str(tmp_path / "aside"))
+    ta.ingest([run], tmp_path / "parsed")
+    _assert_same(tmp_path / "fallback", tmp_path / "parsed")   # the fallback is exactly a parse of the JSON
 
 
 def test_profile_op_timeline_on_a_pipeline_ingests_and_analyses(tmp_path):

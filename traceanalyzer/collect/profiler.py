@@ -52,7 +52,11 @@ class Collector:
         prof.export_chrome_trace(str(self.run_dir / name))  # ".gz" suffix: torch gzips it
         self.traces.append(name)
         if self.converter is not None:
-            self.converter.start(self.run_dir / name)  # in the background: the loop goes on
+            try:
+                self.converter.start(self.run_dir / name)  # in the background: the loop goes on
+            except OSError as exc:  # no process could start: the JSON stays the source
+                log.warning("rank %d: cannot start the Parquet conversion of %s (%s); ingest will parse the JSON",
+                            self.rank, name, exc)
 
 
 def _dist():

@@ -7,7 +7,7 @@ rank, in a background process, with the same code ``ingest`` parses a trace with
     RUN/parquet/rank={R}/window={W}/<table>.parquet   one file per canonical table (schema.TABLES)
     RUN/parquet/rank={R}/window={W}/summary.json      what ingest would have learnt parsing it
 
-``summary.json`` holds the schema version, the signature (size, mtime) of the JSON it was built
+``summary.json`` holds the schema version, the signature (size, hash of both ends) of the JSON it was built
 from and of the Flight Recorder dump used for ``comms`` (or null), the rank, the time span, the
 row counts and the parse's counters. ``traceanalyzer ingest`` uses valid parts instead of parsing
 (:func:`stage_prebuilt`): same schema version, same JSON and FR signatures, every table present
@@ -22,6 +22,7 @@ process the collector starts.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -38,6 +39,8 @@ PARTS_DIR = "parquet"
 SUMMARY = "summary.json"
 #: Bump when summary.json changes meaning (parts with another version are ignored, never misread).
 PARTS_VERSION = 1
+#: Bytes hashed at each end of a file for its :func:`signature`.
+SIGNATURE_BYTES = 64 * 1024
 _TRACE_RE = re.compile(r"^rank(\d+)\.window(\d+)\.pt\.trace\.json(\.gz)?$")
 _PART_RE = re.compile(r"^rank=\d+$|^window=\d+$")
 #: The tables one trace becomes (the store's others come from per-process inputs: FR dumps, NCCL logs).
@@ -60,15 +63,23 @@ def is_part(path: str | Path) -> bool:
     return len(parents) == 3 and parents[0] == PARTS_DIR and all(_PART_RE.match(p) for p in parents[1:])
 
 
-def signature(path: str | Path | None) -> list[int] | None:
-    """[size, mtime_ns] of a file (None: no file)."""
+def signature(path: str | Path | None) -> list | None:
+    """[size, sha256 of the first and last :data:`SIGNATURE_BYTES`] of a file (None: no file).
+    Content, not mtime: a run folder copied without its times (``cp -r``, ``scp -r``) keeps its
+    parts; a gzipped trace ends with the CRC-32 and length of its whole content, so any change to
+    the JSON changes its signature."""
     if path is None:
         return None
     try:
-        s = os.stat(path)
+        with open(path, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            h = hashlib.sha256(fh.read(SIGNATURE_BYTES))
+            if size > SIGNATURE_BYTES:
+                fh.seek(max(SIGNATURE_BYTES, size - SIGNATURE_BYTES))
+                h.update(fh.read())
     except OSError:
         return None
-    return [s.st_size, s.st_mtime_ns]
+    return [size, h.hexdigest()]
 
 
 def build_trace(path: str, rank_arg: int | None, fr_path: str | Path | None = "beside"):
@@ -183,7 +194,7 @@ def check(trace_path: Path) -> tuple[dict, Path] | str | None:
     if doc.get("schema_version") != S.SCHEMA_VERSION:
         return f"built for schema {doc.get('schema_version')}, this traceanalyzer writes {S.SCHEMA_VERSION}"
     if trace_path.exists() and doc.get("trace_signature") != signature(trace_path):
-        return "the JSON changed after the parts were built (size or modification time)"
+        return "the JSON changed after the parts were built (its size or content)"
     fr = sidecar_path(trace_path, doc.get("rank", -1))
     if trace_path.exists() and doc.get("fr_signature") != signature(fr):
         return "the Flight Recorder dump beside it is not the one its comms were built with"
