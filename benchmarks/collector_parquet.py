@@ -90,13 +90,19 @@ def shipped(work: Path) -> dict:
     shutil.copytree(REPO / "traces" / "ddp_gloo_2rank", run)
     trace = run / "rank0.window0.pt.trace.json.gz"
     doc = json.loads(gzip.open(trace).read())
-    t0 = time.perf_counter()
-    with gzip.open(work / "proxy.json.gz", "wt") as fh:
-        fh.write(json.dumps(doc, indent=1))
-    proxy_s = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    prebuilt.write_parts(trace)
-    conv_s = time.perf_counter() - t0
+    times = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        with gzip.open(work / "proxy.json.gz", "wt") as fh:
+            fh.write(json.dumps(doc, indent=1))
+        times.append(time.perf_counter() - t0)
+    proxy_s = min(times)
+    times = []
+    for _ in range(3):   # the first call also imports the parser: take the best of 3
+        t0 = time.perf_counter()
+        prebuilt.write_parts(trace)
+        times.append(time.perf_counter() - t0)
+    conv_s = min(times)
     return {"trace": "traces/ddp_gloo_2rank/rank0.window0.pt.trace.json.gz", "json_gz_bytes": trace.stat().st_size,
             "proxy_json_write_s": proxy_s, "convert_in_process_s": conv_s, "convert_over_proxy": conv_s / proxy_s,
             "note": "proxy: Python json.dumps + gzip of the same document (torch's own export time is not recorded)"}
@@ -107,7 +113,7 @@ def _convert_one(path: str) -> None:
     prebuilt.write_parts(path)
 
 
-def many_ranks(ranks: int, mb: float, workers: int, source: str, work: Path) -> dict:
+def many_ranks(ranks: int, mb: float, workers: int, source: str, work: Path, parse: bool = True) -> dict:
     from concurrent.futures import ProcessPoolExecutor
 
     import ingest_bench
@@ -128,14 +134,16 @@ def many_ranks(ranks: int, mb: float, workers: int, source: str, work: Path) -> 
     rep_parts = ta.ingest([run], work / "store_parts", run="n")
     parts_s = time.perf_counter() - t0
     assert not any(t.notes for t in rep_parts.traces), "parts were not used"
-    shutil.move(str(run / "parquet"), str(work / "parquet_aside"))
-    t0 = time.perf_counter()
-    rep_json = ta.ingest([run], work / "store_json", run="n", workers=workers)
-    json_s = time.perf_counter() - t0
-    assert rep_json.n_events == rep_parts.n_events
+    json_s = None
+    if parse:
+        shutil.move(str(run / "parquet"), str(work / "parquet_aside"))
+        t0 = time.perf_counter()
+        rep_json = ta.ingest([run], work / "store_json", run="n", workers=workers)
+        json_s = time.perf_counter() - t0
+        assert rep_json.n_events == rep_parts.n_events
     return {"ranks": ranks, "mb_per_rank": mb, "events": rep_parts.n_events, "workers": workers,
             "source": source, "convert_all_s": convert_s, "ingest_with_parts_s": parts_s,
-            "ingest_parsing_json_s": json_s, "json_over_parts": json_s / parts_s,
+            "ingest_parsing_json_s": json_s, "json_over_parts": json_s / parts_s if json_s else None,
             "parts_s_per_rank": parts_s / ranks}
 
 
@@ -146,6 +154,7 @@ def main(argv=None) -> int:
     p.add_argument("--mb-per-rank", type=float, default=2.0)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--source", default="/work/shared/traces/external/hta/ddp_2rank_rank1.json.gz")
+    p.add_argument("--no-parse", action="store_true", help="ranks: time ingest with the parts only")
     p.add_argument("--skip", nargs="*", default=[], choices=["window", "shipped", "ranks"])
     p.add_argument("--json-out", default=None)
     args = p.parse_args(argv)
@@ -161,7 +170,8 @@ def main(argv=None) -> int:
             out["window"] = window(args.window_iters, work)
             print(json.dumps(out["window"]), flush=True)
         if "ranks" not in args.skip:
-            out["ranks"] = many_ranks(args.ranks, args.mb_per_rank, args.workers, args.source, work)
+            out["ranks"] = many_ranks(args.ranks, args.mb_per_rank, args.workers, args.source, work,
+                                      not args.no_parse)
             print(json.dumps(out["ranks"]), flush=True)
     out["machine"]["load_end"] = os.getloadavg()
     if args.json_out:

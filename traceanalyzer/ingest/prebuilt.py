@@ -232,17 +232,18 @@ def stage(trace_path: Path, doc: dict, folder: Path, staging: str, manifests: di
             shutil.copyfile(src, dst)
         elif name == "ranks":  # one row; says where the trace is now (the run folder may have moved)
             import pyarrow as pa
-            t = pq.read_table(src)
+            t = pq.ParquetFile(src).read()
             col = t.schema.get_field_index("trace_file")
-            st.write_table(t.set_column(col, t.schema.field(col), pa.array([str(trace_path.resolve())] * t.num_rows,
-                                                                           t.schema.field(col).type)), dst)
+            ranks = t.set_column(col, t.schema.field(col), pa.array([str(trace_path.resolve())] * t.num_rows,
+                                                                    t.schema.field(col).type))
+            st.write_table(ranks, dst)
         else:
             try:
                 os.link(src, dst)
             except OSError:  # another file system
                 shutil.copyfile(src, dst)
         staged[name] = str(dst)
-    job_tables = {n: pq.read_table(staged[n]) for n in ("ranks", "process_groups")}
+    job_tables = {"ranks": ranks, "process_groups": pq.ParquetFile(staged["process_groups"]).read()}
     summary = TraceSummary(str(trace_path.resolve()), doc["rank"], doc["rank_source"], doc["start_ts_ns"],
                            doc["end_ts_ns"], dict(doc["counts"]), dict(doc["skipped"]), staged,
                            unknown=dict(doc.get("unknown") or {}))
