@@ -42,7 +42,8 @@ PARTS_VERSION = 1
 #: Bytes hashed at each end of a file for its :func:`signature`.
 SIGNATURE_BYTES = 64 * 1024
 _TRACE_RE = re.compile(r"^rank(\d+)\.window(\d+)\.pt\.trace\.json(\.gz)?$")
-_PART_RE = re.compile(r"^rank=\d+$|^window=\d+$")
+_PART_PATH_RE = re.compile(rf"(^|{re.escape(os.sep)}){PARTS_DIR}{re.escape(os.sep)}rank=\d+{re.escape(os.sep)}window=\d+"
+                           rf"{re.escape(os.sep)}[^{re.escape(os.sep)}]+$")
 #: The tables one trace becomes (the store's others come from per-process inputs: FR dumps, NCCL logs).
 TRACE_TABLES = tuple(name for name in S.TABLES if S.TABLES[name] not in S.NCCL_SIDE_TABLES)
 
@@ -59,8 +60,7 @@ def parts_dir(trace_path: str | Path) -> Path | None:
 
 def is_part(path: str | Path) -> bool:
     """A file inside ``.../parquet/rank=R/window=W/`` (never a trace nor a sidecar of its own)."""
-    parents = Path(path).parts[-4:-1]
-    return len(parents) == 3 and parents[0] == PARTS_DIR and all(_PART_RE.match(p) for p in parents[1:])
+    return bool(_PART_PATH_RE.search(os.fspath(path)))
 
 
 def signature(path: str | Path | None) -> list | None:
