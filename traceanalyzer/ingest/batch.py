@@ -369,8 +369,8 @@ def _parse_all(files: list[Path], rank: int | None, staging: Path, workers: int 
             raise err
     done = [s for r in results for s in (r[1] if isinstance(r[1], list) else [r[1]])]  # nsys: several ranks a file
     for s in done:
-        if s.path in notes or str(Path(s.path)) in notes:
-            s.notes.append(notes.get(s.path) or notes[str(Path(s.path))])
+        if s.path in notes:  # both resolved paths
+            s.notes.append(notes[s.path])
     done += prebuilt
     return sorted(done, key=lambda s: (s.rank, s.start_ts_ns))
 

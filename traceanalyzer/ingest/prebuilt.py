@@ -264,7 +264,7 @@ def stage_prebuilt(files: list[Path], staging: str) -> tuple[list, list[Path], d
         if got is not None and not f.exists():  # only parts exist (keep_json=False): nothing to fall back on
             raise TraceInputError(parts_dir(f), f"damaged pre-built Parquet parts and no JSON to parse ({got})")
         if got is not None:
-            notes[str(f)] = f"warning: {f}: pre-built Parquet parts not used ({got}); parsed the JSON instead"
+            notes[str(f.resolve())] = f"warning: {f}: pre-built Parquet parts not used ({got}); parsed the JSON instead"
         rest.append(f)
     return done, rest, notes
 
