@@ -134,6 +134,10 @@ def many_ranks(ranks: int, mb: float, workers: int, source: str, work: Path, par
     rep_parts = ta.ingest([run], work / "store_parts", run="n")
     parts_s = time.perf_counter() - t0
     assert not any(t.notes for t in rep_parts.traces), "parts were not used"
+    t0 = time.perf_counter()   # what a user runs: `traceanalyzer ingest` in a fresh process (imports included)
+    subprocess.run([sys.executable, "-m", "traceanalyzer.cli.main", "ingest", str(run), "--store",
+                    str(work / "store_cli"), "--run", "n", "--quiet"], check=True, env=_env(), capture_output=True)
+    cli_s = time.perf_counter() - t0
     json_s = None
     if parse:
         shutil.move(str(run / "parquet"), str(work / "parquet_aside"))
@@ -143,7 +147,7 @@ def many_ranks(ranks: int, mb: float, workers: int, source: str, work: Path, par
         assert rep_json.n_events == rep_parts.n_events
     return {"ranks": ranks, "mb_per_rank": mb, "events": rep_parts.n_events, "workers": workers,
             "source": source, "convert_all_s": convert_s, "ingest_with_parts_s": parts_s,
-            "ingest_parsing_json_s": json_s, "json_over_parts": json_s / parts_s if json_s else None,
+            "cli_ingest_with_parts_s": cli_s, "ingest_parsing_json_s": json_s, "json_over_parts": json_s / parts_s if json_s else None,
             "parts_s_per_rank": parts_s / ranks}
 
 

@@ -144,7 +144,8 @@ def profile(out_dir: str | Path, run: str | None = None, wait: int = 1, warmup: 
 
 
 def _ingest_run(collector: Collector, store: str | Path) -> None:
-    """Rank 0 ingests the run folder after a barrier (every rank's trace, FR dump, manifest)."""
+    """Rank 0 ingests the run folder after a barrier (every rank's trace, FR dump, manifest); the
+    traces every rank converted to Parquet parts are only validated and committed."""
     dist = _dist()
     if dist:
         dist.barrier()
