@@ -70,7 +70,8 @@ def test_rank_manifest(clean_run, rank):
     assert all(k.startswith(("NCCL_", "TORCH_", "CUDA_", "OMP_")) for k in env)
     assert "TA_TEST_NOT_ALLOWED" not in env
     assert m["files"] == {"traces": [f"rank{rank}.window0.pt.trace.json.gz"],
-                          "flight_recorder": f"rank{rank}.fr.json"}
+                          "flight_recorder": f"rank{rank}.fr.json",
+                          "parquet": [f"parquet/rank={rank}/window=0"]}  # the window converted on its rank
 
 
 @pytest.mark.launch

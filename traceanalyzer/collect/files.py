@@ -4,6 +4,8 @@ One run folder holds, per rank R:
   rank{R}.window{K}.pt.trace.json.gz   Kineto trace of profiling cycle K (gzipped)
   rank{R}.fr.json                      Flight Recorder dump
   rank{R}.manifest.json                this rank's part of the manifest
+  parquet/rank={R}/window={K}/         the window's canonical Parquet parts (traceanalyzer.ingest.prebuilt)
+  rank{R}.op_timeline.parquet          the light mode's op timeline (profile(op_timeline=True))
 and once per run (written by rank 0):
   manifest.json                        run-level part of the manifest
 """
@@ -17,6 +19,10 @@ RUN_MANIFEST = "manifest.json"
 
 def trace_name(rank: int, window: int) -> str:
     return f"rank{rank}.window{window}.pt.trace.json.gz"
+
+
+def op_timeline_name(rank: int) -> str:
+    return f"rank{rank}.op_timeline.parquet"
 
 
 def fr_name(rank: int) -> str:

@@ -52,6 +52,21 @@ class OpTimeline:
             data[name] = pa.array(list(values), typ)
         return pa.table(data)
 
+    def write_rank(self, path: str | Path, metadata: dict | None = None) -> Path:
+        """Write this rank's rows alone (no collective: what ``profile(op_timeline=True)`` does on
+        every rank, so that the record scales with the job); ``metadata`` values are stored as JSON."""
+        import json
+
+        import pyarrow.parquet as pq
+        t = self.table().sort_by([("start_ns", "ascending")])
+        if metadata:
+            t = t.replace_schema_metadata({k: json.dumps(v, sort_keys=True) for k, v in metadata.items()})
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        pq.write_table(t, tmp)
+        tmp.replace(path)
+        return path
+
     def write(self, path: str | Path) -> Path | None:
         """Gather every rank's rows and write them, one Parquet file, on rank 0 (a collective:
         every rank calls it). Returns the path on rank 0, else None."""

@@ -53,6 +53,8 @@ class TraceSummary:
     unknown: dict[str, int] = field(default_factory=dict)
     #: world size, backend, process-group layout, host and pid (:func:`.consistency.job_of`)
     job: dict = field(default_factory=dict)
+    #: warning lines for the ingest summary (e.g. pre-built Parquet parts that could not be used)
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -91,6 +93,7 @@ class IngestReport:
         if side:
             line += "\n" + side
         line += unknown_warning(self.traces)
+        line += "".join(f"\n  {note}" for t in self.traces for note in t.notes)
         if self.skipped:
             line += "\n  skipped or repaired: " + ", ".join(f"{k}={v:,}" for k, v in sorted(self.skipped.items()))
         return line
@@ -168,38 +171,32 @@ def trace_by_name(f: Path) -> bool:
     :func:`traceanalyzer.ingest.sidecars.classify`."""
     from .flight_recorder import is_fr_name
     from .nsys import is_nsys_export
+    from .prebuilt import is_part
+    if is_part(f):  # the collector's pre-built Parquet parts (summary.json): used through their trace
+        return False
     return ((f.name.endswith(_TRACE_SUFFIXES) and not f.name.endswith((".fr.json", "manifest.json", ".ranks.json"))
              and not is_fr_name(f)) or is_nsys_export(f))
 
 
 def _parse_one(path: str, rank_arg: int | None, staging: str, opts: dict | None = None) -> tuple:
     """Worker: parse one file and stage its tables. Returns ("ok", TraceSummary) or ("error", path, problem)."""
-    from .comms import build_comms
     from .consistency import collector_run_id, job_of
-    from .flight_recorder import read_fr_json, sidecar_path
-    from .kineto.build import build_tables
-    from .kineto.reader import read_trace
     from .nsys import load as load_nsys
     from .nsys import looks_like_sqlite
-    from .op_timeline import is_op_timeline
+    from .op_timeline import is_op_timeline, is_rank_files
     from .op_timeline import load as load_op_timeline
+    from .prebuilt import build_trace
     from .sidecars import check_rank_manifest
     try:
+        opts = opts or {}
+        if is_rank_files(path):  # the light collector's per-rank op timelines of one run, read together
+            return ("ok", [_stage(path, b, staging) for b in load_op_timeline(path, opts.get("column_map"))])
         if looks_like_sqlite(path) or path.endswith(_SQLITE_SUFFIXES):  # Nsight Systems: a rank per GPU process
             return ("ok", [_stage(path, b, staging) for b in load_nsys(path, rank_arg)])
-        opts = opts or {}
         if opts.get("format") == "op-timeline" or is_op_timeline(path, opts.get("column_map")):  # every rank in one file
             return ("ok", [_stage(path, b, staging) for b in load_op_timeline(path, opts.get("column_map"))])
-        trace = read_trace(path)
-        info = trace.meta.get("distributedInfo")
-        shapes_on = bool(trace.meta.get("record_shapes"))  # Kineto writes "record_shapes": 1 when it was on
-        built = build_tables(trace, rank_arg)
-        del trace
+        built, shapes_on, _, _ = build_trace(path, rank_arg)
         check_rank_manifest(path, built.rank, built.rank_source)
-        t = built.tables
-        fr_path = sidecar_path(path, built.rank)
-        fr = read_fr_json(fr_path) if fr_path else None
-        t["comms"] = build_comms(t["events"], t["process_groups"], t["threads"], info, built.rank, fr)
         summary = _stage(path, built, staging, shapes_on)
         summary.job = dict(job_of(built.tables), run_id=collector_run_id(path))
         return ("ok", summary)
@@ -281,7 +278,11 @@ def ingest(paths, store, run: str | None = None, rank: int | None = None, worker
         raise TraceAnalyzerError("nothing to ingest: name trace files or folders (or --nccl-log FILE)")
     trace_paths, side = sidecars.classify(paths, nccl_logs, column_map, format)
     opts = {"format": format, "column_map": column_map}
-    files = find_traces(trace_paths, allow_empty=bool(side)) if trace_paths or not side else []
+    from .op_timeline import group_rank_files
+    from .prebuilt import without_json
+    only_parts = without_json(trace_paths)  # the collector kept no JSON: its Parquet parts are the trace
+    files = find_traces(trace_paths, allow_empty=bool(side or only_parts)) if trace_paths or not side else []
+    files = group_rank_files(files) + only_parts
     run = run or default_run_name(paths or nccl_logs)
     if not _RUN_RE.match(run):
         raise TraceAnalyzerError(f"invalid run name {run!r}: use letters, digits, '.', '_' and '-'")
@@ -341,9 +342,11 @@ _PRELOAD = ["traceanalyzer.ingest.batch", "traceanalyzer.ingest.comms", "tracean
 
 def _parse_all(files: list[Path], rank: int | None, staging: Path, workers: int | None, progress: bool,
                opts: dict | None = None, dask=None) -> list[TraceSummary]:
-    """Parse every file, one task each, on the executor ``dask`` names (:mod:`.executor`); stop at
-    the first error and raise it."""
+    """Stage the collector's pre-built parts (:mod:`.prebuilt`), then parse every other file, one
+    task each, on the executor ``dask`` names (:mod:`.executor`); stop at the first error and raise it."""
     from .executor import open_executor
+    from .prebuilt import stage_prebuilt
+    prebuilt, files, notes = stage_prebuilt(files, str(staging))  # the collector's parts: validate, stage
     bar = _Progress(len(files), enabled=progress)
     results = []
     n_workers = max(1, min(workers or os.cpu_count() or 1, len(files)))
@@ -353,13 +356,14 @@ def _parse_all(files: list[Path], rank: int | None, staging: Path, workers: int 
     paths = [str(f) if dask is None else str(Path(f).absolute()) for f in files]
     where = str(staging) if dask is None else str(Path(staging).absolute())
     calls = [(p, rank, where, opts) for p in paths]
-    with open_executor(dask, n_workers, len(files), _PRELOAD, _worker_init) as ex, \
-            closing(ex.map_unordered(_parse_one, calls, [f"parse-{f.name}" for f in files])) as outcomes:
-        for i, result, failure in outcomes:
-            results.append(result if failure is None else ("error", paths[i], failure))
-            bar.advance(files[i])
-            if results[-1][0] == "error":
-                break  # closing the generator cancels the rest
+    if files:  # every file pre-built: no executor (nor cluster) to start
+        with open_executor(dask, n_workers, len(files), _PRELOAD, _worker_init) as ex, \
+                closing(ex.map_unordered(_parse_one, calls, [f"parse-{f.name}" for f in files])) as outcomes:
+            for i, result, failure in outcomes:
+                results.append(result if failure is None else ("error", paths[i], failure))
+                bar.advance(files[i])
+                if results[-1][0] == "error":
+                    break  # closing the generator cancels the rest
     bar.close()
     for r in results:
         if r[0] == "error":
@@ -367,6 +371,10 @@ def _parse_all(files: list[Path], rank: int | None, staging: Path, workers: int 
             err.debug_traceback = r[3] if len(r) > 3 else None
             raise err
     done = [s for r in results for s in (r[1] if isinstance(r[1], list) else [r[1]])]  # nsys: several ranks a file
+    for s in done:
+        if s.path in notes:  # both resolved paths
+            s.notes.append(notes[s.path])
+    done += prebuilt
     return sorted(done, key=lambda s: (s.rank, s.start_ts_ns))
 
 

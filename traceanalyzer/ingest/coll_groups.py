@@ -32,8 +32,8 @@ def resolve(summaries) -> int:
     returns the number of collective rows given a group."""
     tables, groups, descs = {}, {}, {}
     for s in summaries:
-        comms = pq.read_table(s.staged["comms"]).to_pylist()
-        pgs = pq.read_table(s.staged["process_groups"]).to_pylist()
+        comms = pq.ParquetFile(s.staged["comms"]).read().to_pylist()  # one file: no dataset discovery
+        pgs = pq.ParquetFile(s.staged["process_groups"]).read().to_pylist()
         groups.setdefault(s.rank, {}).update({str(g["pg_name"]): list(g["pg_ranks"] or []) for g in pgs if g.get("pg_ranks")})
         descs.update({str(g["pg_name"]): g.get("pg_desc") for g in pgs})
         tables.setdefault(s.rank, []).append((s, comms))

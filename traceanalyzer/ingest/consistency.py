@@ -27,12 +27,13 @@ def job_of(tables: dict[str, pa.Table]) -> dict[str, Any]:
             "pg_layout": {p["pg_name"]: p["pg_ranks"] for p in pgs if p["pg_ranks"] is not None}}
 
 
-def collector_run_id(trace_path: str | Path) -> str | None:
-    """The ``run_id`` of the collector's ``rank{R}.manifest.json`` that lists this trace, if any."""
+def collector_run_id(trace_path: str | Path, cache: dict | None = None) -> str | None:
+    """The ``run_id`` of the collector's ``rank{R}.manifest.json`` that lists this trace, if any
+    (``cache``: :func:`.sidecars.rank_manifests`)."""
+    from .sidecars import rank_manifests
     trace_path = Path(trace_path)
-    for m in sorted(trace_path.parent.glob("rank*.manifest.json")):
+    for m, doc in rank_manifests(trace_path.parent, cache):
         try:
-            doc = json.loads(m.read_text())
             listed = doc.get("files", {}).get("traces") or []
         except (OSError, ValueError, AttributeError):
             continue  # sidecars.check_rank_manifest refuses an unreadable one

@@ -29,10 +29,10 @@ def resolve(summaries) -> int:
     returns the number of p2p rows moved to another group."""
     tables, groups, default, descs = {}, {}, {}, {}
     for s in summaries:
-        comms = pq.read_table(s.staged["comms"]).to_pylist()
+        comms = pq.ParquetFile(s.staged["comms"]).read().to_pylist()  # one file: no dataset discovery
         if not any(r["is_p2p"] and r["pg_source"] == "default_pg" for r in comms):
             continue
-        pgs = pq.read_table(s.staged["process_groups"]).to_pylist()
+        pgs = pq.ParquetFile(s.staged["process_groups"]).read().to_pylist()
         tables[id(s)] = (s, comms)
         groups[s.rank] = {str(g["pg_name"]): list(g["pg_ranks"] or []) for g in pgs if g.get("pg_ranks")}
         descs.update({str(g["pg_name"]): g.get("pg_desc") for g in pgs})

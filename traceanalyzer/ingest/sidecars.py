@@ -108,8 +108,9 @@ def classify(paths: list[Path], nccl_logs: list[Path] = (), column_map: dict | N
 def _found_by_name(f: Path) -> bool:
     """Files that find_traces or the collector's layout account for by name (not sniffed again)."""
     from .batch import trace_by_name
+    from .prebuilt import is_part
     name = f.name
-    return trace_by_name(f) or name.endswith(("manifest.json", ".ranks.json", ".json", ".json.gz", ".sqlite",
+    return is_part(f) or trace_by_name(f) or name.endswith(("manifest.json", ".ranks.json", ".json", ".json.gz", ".sqlite",
                                               ".sqlite3", ".py", ".md", ".sh"))
 
 
@@ -238,15 +239,30 @@ def summary_line(summaries: list[SidecarSummary], already: int) -> str:
     return "  per-process inputs: " + ", ".join(parts)
 
 
-def check_rank_manifest(trace_path: str | Path, rank: int, rank_source: str) -> None:
+def rank_manifests(folder: Path, cache: dict | None = None) -> list[tuple[Path, object]]:
+    """(path, its JSON, None when unreadable) of the collector's rank manifests in ``folder``;
+    with ``cache`` (a dict the caller keeps for one ingest) each folder is read once, not once a trace."""
+    if cache is not None and folder in cache:
+        return cache[folder]
+    out = []
+    for m in sorted(folder.glob("rank*.manifest.json")):
+        try:
+            out.append((m, json.loads(m.read_text())))
+        except (OSError, ValueError):
+            out.append((m, None))
+    if cache is not None:
+        cache[folder] = out
+    return out
+
+
+def check_rank_manifest(trace_path: str | Path, rank: int, rank_source: str, cache: dict | None = None) -> None:
     """The collector's ``rank{R}.manifest.json`` says which traces rank R wrote; a trace whose own
     rank disagrees is refused (a renamed or mixed-up file would join the wrong rank's data)."""
     trace_path = Path(trace_path)
     from .nccl.logs import rank_from_name
     named = rank_from_name(trace_path)
-    for m in sorted(trace_path.parent.glob("rank*.manifest.json")):
+    for m, doc in rank_manifests(trace_path.parent, cache):
         try:
-            doc = json.loads(m.read_text())
             claimed = int(doc["rank"])
             listed = doc.get("files", {}).get("traces") or []
         except (OSError, ValueError, KeyError, TypeError, AttributeError):

@@ -47,6 +47,10 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-record-shapes", dest="record_shapes", action="store_false",
                    help="record without the profiler's record_shapes (message sizes then stay unknown)")
     p.add_argument("--store", default=None, help="also ingest the run into this store at the end (rank 0)")
+    p.add_argument("--no-parquet", dest="parquet", action="store_false",
+                   help="do not convert each window to Parquet parts on its rank (ingest then parses the JSON)")
+    p.add_argument("--no-keep-json", dest="keep_json", action="store_false",
+                   help="delete each window's JSON once its Parquet parts are written")
     p.add_argument("--no-pin", dest="pin", action="store_false",
                    help="do not pin each rank (and its gloo threads) to one CPU core")
     p.add_argument("--backend", choices=BACKENDS, default="gloo",
@@ -59,7 +63,8 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
 def profile_kwargs(args: argparse.Namespace) -> dict:
     return {"out_dir": args.out, "run": args.run, "wait": args.prof_wait,
             "warmup": args.prof_warmup, "active": args.prof_active, "repeat": args.prof_repeat,
-            "store": args.store, "record_shapes": args.record_shapes}
+            "store": args.store, "record_shapes": args.record_shapes, "parquet": args.parquet,
+            "keep_json": args.keep_json}
 
 
 def pin_to_core() -> None:

@@ -26,6 +26,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="allreduce grads after backward instead of during it")
     p.add_argument("--width", type=int, default=models.MLP_HIDDEN, help="mlp hidden size")
     p.add_argument("--depth", type=int, default=models.MLP_LAYERS, help="mlp hidden layers")
+    p.add_argument("--op-timeline", action="store_true",
+                   help="no profiler: the light collector's op timeline of the loop's phases "
+                        "(OUT/RUN/rank{R}.op_timeline.parquet; DDP's overlapped all-reduce is inside backward-compute)")
 
 
 def run(args: argparse.Namespace) -> None:
@@ -45,18 +48,25 @@ def run(args: argparse.Namespace) -> None:
                     "width": args.width, "depth": args.depth, "device": dev.type,
                     **common.fault_ground_truth(args), "faults": common.injected_faults(args)}
     layout = common.layout(dp=world)
+    light = {"op_timeline": True, "coords": {"dp": rank}} if args.op_timeline else {}
     with collect.profile(**common.profile_kwargs(args), layout=layout,
-                         ground_truth=ground_truth) as prof:
+                         ground_truth=dict(ground_truth, **({"op_timeline": True} if light else {})), **light) as prof:
+        phase = prof.op if args.op_timeline else (lambda name: contextlib.nullcontext())
         for _ in range(args.steps):
-            x, y = (t.to(dev) for t in models.skewed_batch(args.model, data, work))
+            with phase("data-load"):
+                x, y = (t.to(dev) for t in models.skewed_batch(args.model, data, work))
             opt.zero_grad(set_to_none=True)
             # no_sync() keeps DDP from reducing during backward; we then reduce afterwards.
             with contextlib.nullcontext() if overlap else ddp.no_sync():
-                loss = torch.nn.functional.cross_entropy(ddp(x), y)
-                loss.backward()
+                with phase("forward-compute"):
+                    loss = torch.nn.functional.cross_entropy(ddp(x), y)
+                with phase("backward-compute"):
+                    loss.backward()
             if not overlap:
-                allreduce_grads(list(ddp.parameters()), world, args.bucket_mb)
-            opt.step()
+                with phase("grads-all-reduce"):
+                    allreduce_grads(list(ddp.parameters()), world, args.bucket_mb)
+            with phase("optimizer"):
+                opt.step()
             prof.step()
     dist.destroy_process_group()
 

@@ -87,7 +87,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dp", type=int, default=1,
                    help="pipeline replicas (data parallel); each runs a pipeline of world/dp ranks")
     p.add_argument("--op-timeline", action="store_true",
-                   help="no profiler: the light collector's op timeline (OUT/RUN/op_timeline.parquet) of a "
+                   help="no profiler: the light collector's op timeline (OUT/RUN/rank{R}.op_timeline.parquet) of a "
                         "written-out GPipe loop (see pipeline_timeline.py)")
 
 

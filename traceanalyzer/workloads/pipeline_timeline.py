@@ -8,18 +8,17 @@ so each phase is one timed op of :class:`traceanalyzer.collect.op_timeline.OpTim
 its DP group when ``--dp`` > 1) and ``optimizer``. A receive's time includes the wait for its
 sender, as in Megatron's timers. ``--slow-rank R --slow-ms MS`` sleeps in every micro-batch
 forward of rank R (:class:`common.Straggler`); the ground truth is in the Parquet file's metadata
-(``ground_truth``). Output: ``OUT/RUN/op_timeline.parquet`` (all ranks, written by rank 0).
+(``ground_truth``) and in the run manifest. Recorded with ``collect.profile(op_timeline=True)``: every
+rank writes its own ``OUT/RUN/rank{R}.op_timeline.parquet`` (+ the manifests), ingested together.
 """
 from __future__ import annotations
 
 import argparse
-import json
-import os
 
 import torch
 import torch.distributed as dist
 
-from traceanalyzer.collect.op_timeline import OpTimeline
+from traceanalyzer import collect
 from traceanalyzer.workloads import common, models
 
 
@@ -38,7 +37,20 @@ def run(args: argparse.Namespace, n_stages: int, pp_group, dp_group) -> None:
     data = torch.Generator().manual_seed(args.seed + 1 + replica)
     rows = args.microbatch_rows
     act_shape = (rows, models.MLP_HIDDEN) if args.model == "mlp" else (rows, models.TF_SEQ, models.TF_DIM)
-    tl = OpTimeline(rank, dp=replica, pp=stage)
+    truth = {"workload": "pipeline", "op_timeline": True, "schedule": "gpipe (written out, blocking p2p)",
+             "dp": dp, "pp": pp, "microbatches": args.microbatches, "microbatch_rows": rows,
+             "steps": args.steps, "model": args.model, **common.fault_ground_truth(args),
+             "slow_stage": args.slow_stage if args.slow_ms > 0 else None}
+    with collect.profile(args.out, run=args.run, store=args.store, op_timeline=True, coords={"dp": replica, "pp": stage},
+                         layout=common.layout(dp=dp, pp=pp), ground_truth=truth) as prof:
+        _loop(args, prof, model, opt, data, act_shape, first, last, dp, dp_group)
+    dist.destroy_process_group()
+
+
+def _loop(args, prof, model, opt, data, act_shape, first, last, dp, dp_group) -> None:
+    tl = prof.timeline
+    rows = args.microbatch_rows
+    rank = dist.get_rank()
     prev, nxt = rank - 1, rank + 1
     for step in range(args.steps):
         with tl.op("data-load", step):
@@ -86,16 +98,4 @@ def run(args: argparse.Namespace, n_stages: int, pp_group, dp_group) -> None:
                     offset += g.numel()
         with tl.op("optimizer", step):
             opt.step()
-    run_id = args.run or os.environ.get("TORCHELASTIC_RUN_ID", "run")
-    path = os.path.join(args.out, run_id, "op_timeline.parquet")
-    written = tl.write(path)
-    if written is not None:
-        import pyarrow.parquet as pq
-        t = pq.read_table(written)
-        truth = {"workload": "pipeline", "op_timeline": True, "schedule": "gpipe (written out, blocking p2p)",
-                 "dp": dp, "pp": pp, "microbatches": args.microbatches, "microbatch_rows": rows,
-                 "steps": args.steps, "model": args.model, **common.fault_ground_truth(args),
-                 "slow_stage": args.slow_stage if args.slow_ms > 0 else None}
-        meta = dict(t.schema.metadata or {}, ground_truth=json.dumps(truth, sort_keys=True))
-        pq.write_table(t.replace_schema_metadata(meta), written)
-    dist.destroy_process_group()
+        prof.step()

@@ -101,7 +101,40 @@ def is_op_timeline(path, column_map: dict | None = None) -> bool:
     return sniff(path, column_map)[0] == "op_timeline"
 
 
+#: The light collector's per-rank files (``profile(op_timeline=True)``): ``RUN/rank{R}.op_timeline.parquet``.
+RANK_FILE_RE = re.compile(r"^rank\d+\.op_timeline\.parquet$")
+RANK_FILES = "rank*.op_timeline.parquet"
+
+
+def is_rank_files(path) -> bool:
+    """``path`` names every per-rank op timeline file of one folder (:func:`group_rank_files`)."""
+    return Path(path).name == RANK_FILES
+
+
+def group_rank_files(files: list[Path]) -> list[Path]:
+    """Per-rank op timeline files of one folder become one input, ``FOLDER/rank*.op_timeline.parquet``
+    (read together: peers and groups need every rank)."""
+    out, seen = [], set()
+    for f in files:
+        f = Path(f)
+        if RANK_FILE_RE.match(f.name):
+            f = f.parent / RANK_FILES
+            if f in seen:
+                continue
+            seen.add(f)
+        out.append(f)
+    return out
+
+
 def read_table(path: Path) -> pa.Table:
+    if is_rank_files(path):
+        parts = [read_table(f) for f in sorted(Path(path).parent.glob(RANK_FILES)) if RANK_FILE_RE.match(f.name)]
+        if not parts:
+            raise TraceInputError(path, "no per-rank op timeline files")
+        try:
+            return pa.concat_tables([t.replace_schema_metadata(None) for t in parts], promote_options="default")
+        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
+            raise TraceInputError(path, f"per-rank op timelines with different columns ({str(exc).splitlines()[0]})") from None
     try:
         with open(path, "rb") as fh:
             magic = fh.read(4)
