@@ -17,6 +17,7 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from . import modules as _modules
+from . import registry  # noqa: F401 - the analyses, one record each; fills schema.RESULTS
 
 if TYPE_CHECKING:  # pandas loads in ~0.5 s: only the results need it, and DuckDB imports it then
     import pandas as pd

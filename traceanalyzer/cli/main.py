@@ -110,8 +110,10 @@ def _parse_params(items: list[str]) -> dict:
 
 
 def _cmd_schema(args) -> int:
+    from ..analyses import registry
     from ..schema import describe
     print(describe())
+    print(registry.describe())
     return 0
 
 
@@ -323,7 +325,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--no-save", action="store_true", help="do not save the results in the store")
     s.set_defaults(func=_cmd_analyze)
 
-    s = sub.add_parser("schema", help="print every table and column of the store schema")
+    s = sub.add_parser("schema", help="print every table and column of the store schema, and every analysis's result table")
     s.set_defaults(func=_cmd_schema)
 
     s = sub.add_parser("report", help="a report of the findings ranked by recoverable time, with figures "

@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 from .. import schema as S
+from ..analyses import registry as _registry  # noqa: F401 - fills schema.RESULTS (the result columns)
 from ..errors import TraceAnalyzerError
 
 
