@@ -84,6 +84,52 @@ def test_every_record_names_a_view_its_columns_and_help():
 
 
 def test_the_docs_table_is_the_registry():
-    """docs/analyses.md holds the table the registry makes (regenerate: R.docs_table())."""
+    """docs/analyses.md holds the analyses table and the settings the code makes (regenerate them
+    with registry.update_docs)."""
     text = (ROOT / "docs" / "analyses.md").read_text()
-    assert R.docs_table() in text
+    assert R.docs_table() in text and R.update_docs(text) == text
+
+
+#: numbers an SQL module may spell: arithmetic (halves, percent), unit conversions (µs, ms), keys
+#: that pack (rank, window, hop) into one number, the p95 column, and HTA's fixed rules in
+#: hta_compat.sql (bit masks of its kernel types, rounding digits). A threshold is a setting.
+_STRUCTURAL = {"0", "1", "2", "1.0", "2.0", "100", "100.0", "1000", "1000.0", "1e6", "1e-6", "1000000", "0.95"}
+_HTA_RULES = {"3", "4", "7", "8"}
+
+
+def test_sql_spells_no_threshold():
+    import re
+    found = {}
+    for name, mod in M.modules().items():
+        text = re.sub(r"--[^\n]*", "", mod.text)
+        text = re.sub(r"'(?:[^']|'')*'", "''", text)      # string literals (regexes, formats)
+        nums = set(re.findall(r"(?<![\w.])(\d+(?:\.\d+)?(?:e-?\d+)?)(?![\w.])", text))
+        allowed = _STRUCTURAL | (_HTA_RULES if name == "hta_compat" else set())
+        if nums - allowed:
+            found[name] = sorted(nums - allowed)
+    assert not found, f"numbers in SQL that should be settings (analyses/params.py): {found}"
+
+
+def test_every_sql_parameter_is_a_documented_setting():
+    import re
+
+    from traceanalyzer.analyses import PARAMETERS
+    from traceanalyzer.analyses.params import SETTINGS
+    used = {p for m in M.modules().values() for p in re.findall(r"getvariable\('(\w+)'\)", m.text)}
+    used |= {p for a in R.analyses() for p in re.findall(r"getvariable\('(\w+)'\)", a.where)}
+    internal = {"hta_disable_ns_rounding"}   # set by the hta_* wrappers from their ns_rounding argument
+    assert used - internal <= set(PARAMETERS), used - internal - set(PARAMETERS)
+    assert set(PARAMETERS) - used == set(), "settings no SQL reads"
+    for s in SETTINGS.values():
+        assert s.help and s.scope in ("sql", "nccl_join", "report") and s.default is not None, s
+
+
+def test_join_and_report_thresholds_come_from_the_settings(run_cli):
+    from traceanalyzer.analyses.nccl_join import JoinParams
+    from traceanalyzer.analyses.params import SETTINGS
+    from traceanalyzer.report import findings, whatif
+    assert JoinParams().min_score == SETTINGS["nccl_join_min_score"].default
+    assert findings.EXPOSED_COMM_MIN_PCT == SETTINGS["exposed_comm_min_pct"].default
+    assert whatif.REPLAY_MIN_PCT == SETTINGS["replay_min_pct"].default
+    code, out, _ = run_cli("schema")
+    assert code == 0 and all(f"| {name} |" in out for name in SETTINGS)

@@ -17,36 +17,15 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from . import modules as _modules
+from . import params as _params
 from . import registry  # noqa: F401 - the analyses, one record each; fills schema.RESULTS
 
 if TYPE_CHECKING:  # pandas loads in ~0.5 s: only the results need it, and DuckDB imports it then
     import pandas as pd
 
-#: Named parameters of the SQL modules: name -> (default, meaning). Units are in the names.
-PARAMETERS: dict[str, tuple[Any, str]] = {
-    "align_clocks": ("auto", "apply estimated clock offsets: 'auto' (when evident: several hosts, or an offset >= "
-                             "clock_offset_evident_ns), 'always', 'never'"),
-    # on one host the estimate is how far apart ranks leave collectives: at most 4.6 ms over the shipped
-    # runs (a desync run); a shifted trace's clock is off by seconds or hours
-    "clock_offset_evident_ns": (100_000_000, "align_clocks=auto applies the offsets on one host when one is at least this"),
-    # 10 %: the OSDI'25 what-if study calls a job straggling when its slowdown S >= 1.1
-    "straggler_min_delay_pct": (10.0, "a straggler costs its peers at least this % of the median step time per step"),
-    "straggler_min_delay_ns": (1_000_000, "... and at least this many ns per step"),
-    "straggler_min_excess_pct": (10.0, "... and was slower on its own: median excess in one phase >= this % of the step time"),
-    "straggler_persistent_pct": (50.0, "flagged in at least this % of steps: 'persistent', else 'sporadic'"),
-    "imbalance_min_ratio": (1.1, "a rank is imbalanced when its compute is at least this times the mean of the ranks"),
-    "imbalance_min_excess_pct": (5.0, "... and its excess over the mean is at least this % of the median step time"),
-    "seqlen_min_corr": (0.9, "forward/backward correlation across steps that signals sequence-length imbalance"),
-    "clock_offset_min_launch_delay_ns": (1_000_000, "a CPU/GPU clock offset is suspected when even a rank's quickest GPU op started this long after its launch call returned"),
-    "clock_offset_max_spread_ratio": (1.0, "... and its median launch delay is within (1 + this) x that quickest one (uniform, unlike a backlogged GPU)"),
-    "clock_offset_min_early_pct": (50.0, "... or this % of its GPU ops started before their launch call began (GPU clock behind)"),
-    "clock_offset_min_launches": (10, "... over at least this many launches"),
-    "idle_kernel_wait_ns": (30_000, "a gap between kernels of a stream shorter than this is 'kernel wait' (HTA: 30 us)"),
-    "p2p_wait_max_tail_ns": (1_000_000, "a pipeline gap under an open send is a wait on it (a stall) only when it ends within this many ns after the send completes (else the stage's own time)"),
-    "slow_stage_min_excess_pct": (10.0, "a pipeline stage is slow when its own time exceeds the other stages' median by this % of the step"),
-    "exposed_top": (20, "exposed-communication intervals attributed (collective, compute before/after) per run"),
-    "kernels_top": (10, "kernels/operators kept per rank and category by analyze"),
-}
+#: Named parameters of the SQL modules: name -> (default, meaning), the 'sql' scope of the one
+#: settings object (:data:`.params.SETTINGS`, which documents each). Units are in the names.
+PARAMETERS: dict[str, tuple[Any, str]] = {k: (s.default, s.help) for k, s in _params.scope("sql").items()}
 
 
 def prepare(con, modules=None, views=None, **params) -> Any:
@@ -58,9 +37,8 @@ def prepare(con, modules=None, views=None, **params) -> Any:
         from ..errors import TraceAnalyzerError
         raise TraceAnalyzerError(f"unknown analysis parameter(s): {', '.join(sorted(unknown))}; "
                                  f"known: {', '.join(PARAMETERS)}")
-    from .params import check_parameter
     for key, (default, _) in PARAMETERS.items():
-        value = check_parameter(key, params.get(key, default), default)
+        value = _params.check_parameter(key, params.get(key, default), default)
         con.execute(f"SET VARIABLE {key} = ?", [value])
     if views is not None:
         names = _modules.modules_for(views)

@@ -127,6 +127,21 @@ def docs_table() -> str:
     return "\n".join(rows)
 
 
+def update_docs(text: str) -> str:
+    """``text`` (docs/analyses.md) with its generated blocks made again: the analyses table
+    (between ``<!-- registry:begin -->`` and ``<!-- registry:end -->``) and the settings
+    (``<!-- settings:begin/end -->``)::
+
+        python -c "from traceanalyzer.analyses import registry as R; import pathlib; \\
+                   p = pathlib.Path('docs/analyses.md'); p.write_text(R.update_docs(p.read_text()))"
+    """
+    from .params import describe as settings
+    for tag, block in (("registry", docs_table()), ("settings", settings().split("\n", 4)[4].rstrip())):
+        text = re.sub(rf"(<!-- {tag}:begin -->\n).*?(<!-- {tag}:end -->)", lambda m: m.group(1) + block + "\n" + m.group(2),
+                      text, flags=re.S)
+    return text
+
+
 def describe() -> str:
     """Markdown: each analysis's result table and columns (``traceanalyzer schema``)."""
     lines = [f"# analysis results {S.RESULTS_VERSION}", "",

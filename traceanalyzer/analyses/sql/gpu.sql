@@ -56,8 +56,9 @@ FROM d;
 
 -- Launch statistics per rank. Columns: run, rank, launches, mean/median/p95/max launch_delay_ns
 -- (as recorded), mean launch (CPU) duration, mean GPU duration, short_kernels (GPU time < launch
--- time, launch <= 50 us: launch-bound), launch_outliers (launch call > 50 us), delay_outliers
--- (delay > 100 us, after removing a detected clock offset), min_launch_delay_ns (raw), clock_offset_ns
+-- time, launch <= launch_short_max_ns, 50 us: launch-bound), launch_outliers (launch call >
+-- launch_outlier_min_ns, 50 us), delay_outliers (delay > launch_delay_outlier_min_ns, 100 us, after
+-- removing a detected clock offset), min_launch_delay_ns (raw), clock_offset_ns
 -- and clock_offset_reason (gpu_clock_offset; NULL when none), corrected_median_launch_delay_ns
 -- (median delay less the offset, clipped at 0).
 CREATE OR REPLACE TEMP VIEW launch_stats AS
@@ -65,9 +66,9 @@ SELECT g.run, g.rank, count(*) AS launches,
        avg(launch_delay_ns) AS mean_launch_delay_ns, median(launch_delay_ns) AS median_launch_delay_ns,
        quantile_cont(launch_delay_ns, 0.95) AS p95_launch_delay_ns, max(launch_delay_ns) AS max_launch_delay_ns,
        avg(launch_dur_ns) AS mean_launch_dur_ns, avg(dur_ns) AS mean_gpu_dur_ns,
-       count(*) FILTER (WHERE launch_dur_ns <= 50000 AND dur_ns < launch_dur_ns) AS short_kernels,
-       count(*) FILTER (WHERE launch_dur_ns > 50000) AS launch_outliers,
-       count(*) FILTER (WHERE raw_launch_delay_ns - coalesce(o.clock_offset_ns, 0) > 100000) AS delay_outliers,
+       count(*) FILTER (WHERE launch_dur_ns <= getvariable('launch_short_max_ns') AND dur_ns < launch_dur_ns) AS short_kernels,
+       count(*) FILTER (WHERE launch_dur_ns > getvariable('launch_outlier_min_ns')) AS launch_outliers,
+       count(*) FILTER (WHERE raw_launch_delay_ns - coalesce(o.clock_offset_ns, 0) > getvariable('launch_delay_outlier_min_ns')) AS delay_outliers,
        any_value(o.min_launch_delay_ns) AS min_launch_delay_ns, any_value(o.clock_offset_ns) AS clock_offset_ns,
        any_value(o.clock_offset_reason) AS clock_offset_reason,
        median(greatest(raw_launch_delay_ns - coalesce(o.clock_offset_ns, 0), 0)) AS corrected_median_launch_delay_ns

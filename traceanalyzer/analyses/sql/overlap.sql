@@ -72,14 +72,14 @@ before AS (
     SELECT i.run, i.rank, i.window_id, i.lo_ns, arg_max(a.name, a.hi_ns) AS compute_before
     FROM intervals i JOIN activity_intervals a
       ON a.run = i.run AND a.rank = i.rank AND a.window_id = i.window_id AND a.category = 'compute'
-     AND a.hi_ns <= i.lo_ns AND a.hi_ns > i.lo_ns - 1000000000
+     AND a.hi_ns <= i.lo_ns AND a.hi_ns > i.lo_ns - getvariable('exposed_context_max_ns')
     GROUP BY ALL
 ),
 after AS (
     SELECT i.run, i.rank, i.window_id, i.lo_ns, arg_min(a.name, a.lo_ns) AS compute_after
     FROM intervals i JOIN activity_intervals a
       ON a.run = i.run AND a.rank = i.rank AND a.window_id = i.window_id AND a.category = 'compute'
-     AND a.lo_ns >= i.hi_ns AND a.lo_ns < i.hi_ns + 1000000000
+     AND a.lo_ns >= i.hi_ns AND a.lo_ns < i.hi_ns + getvariable('exposed_context_max_ns')
     GROUP BY ALL
 )
 SELECT i.run, i.rank, i.window_id, i.step, i.lo_ns, i.hi_ns, i.exposed_ns,
