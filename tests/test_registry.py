@@ -133,3 +133,12 @@ def test_join_and_report_thresholds_come_from_the_settings(run_cli):
     assert whatif.REPLAY_MIN_PCT == SETTINGS["replay_min_pct"].default
     code, out, _ = run_cli("schema")
     assert code == 0 and all(f"| {name} |" in out for name in SETTINGS)
+
+
+def test_views_are_public_or_private():
+    """Every view or macro of the SQL modules is a result view, a listed building block, or private
+    (a leading underscore); every public one exists."""
+    defined = {v for m in M.modules().values() for v in m.defines}
+    public = set(R.public_views())
+    assert public <= defined, public - defined
+    assert {v for v in defined - public if not v.startswith("_")} == set()

@@ -30,7 +30,7 @@ from ..errors import TraceAnalyzerError
 from ..schema import BOOL, F64, I32, I64, STR, Column, Table
 
 __all__ = ["Analysis", "register", "unregister", "get", "analyses", "names", "columns", "docs_table",
-           "describe", "STR", "I32", "I64", "F64", "BOOL"]
+           "describe", "BUILDING_BLOCKS", "public_views", "update_docs", "STR", "I32", "I64", "F64", "BOOL"]
 
 
 def columns(cols: list[tuple]) -> tuple[Column, ...]:
@@ -117,6 +117,45 @@ def names() -> list[str]:
     return list(_REGISTRY)
 
 
+#: Views users query besides the result views (each a wrapper of :mod:`traceanalyzer.analyses` or
+#: read by other packages): view -> what it holds. Every other view or macro an SQL module defines is
+#: private: its name starts with '_' (a test checks it) and it may change without notice.
+BUILDING_BLOCKS: dict[str, str] = {
+    "step_alignment": "each trace window's ProfilerStep numbers and the aligned step (the same iteration on every rank)",
+    "clock_alignment": "the offset added to each rank's timestamps (clock offsets applied)",
+    "collective_ranks": "each rank's arrival, end and wait at each collective",
+    "p2p_transfers": "every receive joined to the send that fed it, with who waited",
+    "activity_intervals": "compute / comm / memory intervals per rank and step",
+    "activity_segments": "labelled time segments (compute > comm > memory > idle) per rank and step",
+    "straggler_steps": "per rank and step: the delay it imposed on its peers",
+    "straggler_candidates": "every rank's cost and excess, thresholds not applied",
+    "overlap_steps": "communication/computation overlap per rank and step",
+    "exposed_intervals": "every exposed communication interval, not attributed",
+    "imbalance_steps": "per step: the spread of compute over the ranks",
+    "pipeline_stages": "the stage of each rank of each pipeline",
+    "pipeline_idle": "idle stretches of each pipeline stage per step, classified (warmup, cooldown, stall, other)",
+    "pipeline_stall_causes": "stall time charged to each rank per step",
+    "hta_window": "HTA's window per trace file (µs rounding, ProfilerStep names, last-step cut)",
+    "hta_kernels": "the kernels HTA analyses, with its kernel type",
+    "hta_temporal_breakdown": "HTA's get_temporal_breakdown",
+    "hta_overlap": "HTA's get_comm_comp_overlap",
+    "hta_kernel_type_breakdown": "HTA's kernel-type (Venn) table per trace file",
+    "hta_kernel_type_all_ranks": "HTA's kernel-type table summed over the ranks of a run",
+    "hta_kernel_stats": "HTA's per-kernel table",
+}
+
+
+def public_views() -> list[str]:
+    """The views users may query: each analysis's view and the building blocks."""
+    return list(dict.fromkeys([a.view for a in analyses() if a.view] + list(BUILDING_BLOCKS)))
+
+
+def views_table() -> str:
+    """The Markdown list of the building blocks (docs/analyses.md holds it)."""
+    from . import modules
+    return "\n".join(f"- `{v}` ({modules.owner()[v]}.sql): {doc}" for v, doc in BUILDING_BLOCKS.items())
+
+
 def docs_table() -> str:
     """The Markdown table of the analyses (docs/analyses.md holds it; a test keeps it equal)."""
     rows = ["| analysis (result table) | view (SQL module) | parameters | what it answers |", "|---|---|---|---|"]
@@ -129,14 +168,15 @@ def docs_table() -> str:
 
 def update_docs(text: str) -> str:
     """``text`` (docs/analyses.md) with its generated blocks made again: the analyses table
-    (between ``<!-- registry:begin -->`` and ``<!-- registry:end -->``) and the settings
-    (``<!-- settings:begin/end -->``)::
+    (between ``<!-- registry:begin -->`` and ``<!-- registry:end -->``), the building blocks
+    (``views``) and the settings (``settings``)::
 
         python -c "from traceanalyzer.analyses import registry as R; import pathlib; \\
                    p = pathlib.Path('docs/analyses.md'); p.write_text(R.update_docs(p.read_text()))"
     """
     from .params import describe as settings
-    for tag, block in (("registry", docs_table()), ("settings", settings().split("\n", 4)[4].rstrip())):
+    for tag, block in (("registry", docs_table()), ("views", views_table()),
+                       ("settings", settings().split("\n", 4)[4].rstrip())):
         text = re.sub(rf"(<!-- {tag}:begin -->\n).*?(<!-- {tag}:end -->)", lambda m: m.group(1) + block + "\n" + m.group(2),
                       text, flags=re.S)
     return text

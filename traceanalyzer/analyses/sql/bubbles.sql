@@ -19,7 +19,7 @@
 CREATE OR REPLACE TEMP VIEW pipeline_idle AS
 WITH busy AS (  -- merged compute of the stage inside its step
     SELECT a.run, a.rank, s.aligned_step AS step, s.start_ts_ns AS s0, s.end_ts_ns AS s1, a.lo_ns, a.hi_ns
-    FROM activity_segments a JOIN aligned_steps s
+    FROM activity_segments a JOIN _aligned_steps s
       ON s.run = a.run AND s.rank = a.rank AND s.window_id = a.window_id AND s.aligned_step = a.step
     SEMI JOIN pipeline_stages ps ON ps.run = a.run AND ps.rank = a.rank
     WHERE a.n_compute > 0
@@ -88,7 +88,7 @@ SELECT st.run, st.rank, st.pipeline_id, st.stage, s.aligned_step AS step, s.dur_
        100.0 * coalesce(sum(i.dur_ns), 0) / nullif(s.dur_ns, 0) AS bubble_pct,
        any_value(sh.theoretical_bubble_pct) AS theoretical_bubble_pct, any_value(sh.schedule) AS schedule,
        any_value(sh.microbatches) AS microbatches
-FROM pipeline_stages st JOIN aligned_steps s USING (run, rank) JOIN pipeline_shape sh USING (run, pipeline_id)
+FROM pipeline_stages st JOIN _aligned_steps s USING (run, rank) JOIN pipeline_shape sh USING (run, pipeline_id)
 LEFT JOIN pipeline_idle i ON i.run = st.run AND i.rank = st.rank AND i.step = s.aligned_step
 GROUP BY st.run, st.rank, st.pipeline_id, st.stage, s.aligned_step, s.dur_ns;
 

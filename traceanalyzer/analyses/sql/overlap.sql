@@ -34,7 +34,7 @@ SELECT run, rank,
        CASE WHEN bool_or(o.op_timeline) THEN NULL ELSE
        100.0 * coalesce(sum(dur_ns) FILTER (WHERE n_comm > 0 AND n_compute > 0), 0)
              / nullif(sum(dur_ns) FILTER (WHERE n_comm > 0), 0) END AS overlap_pct
-FROM activity_window_segments
+FROM _activity_window_segments
 LEFT JOIN (SELECT DISTINCT run, rank, true AS op_timeline FROM ranks WHERE rank_source = 'op_timeline') o USING (run, rank)
 GROUP BY run, rank;
 

@@ -68,5 +68,5 @@ SELECT s.run, s.rank, s.window_id, s.step, CAST(s.step + coalesce(x.shift, 0) AS
 FROM steps s LEFT JOIN shifted x USING (run, rank, window_id);
 
 -- The steps table with each step's aligned number. Columns: those of steps, aligned_step.
-CREATE OR REPLACE TEMP VIEW aligned_steps AS
+CREATE OR REPLACE TEMP VIEW _aligned_steps AS
 SELECT s.*, a.aligned_step FROM steps s JOIN step_alignment a USING (run, rank, window_id, step);

@@ -86,7 +86,7 @@ LEFT JOIN arrived_last l USING (run, rank, step);
 
 -- Per rank and step: its own time per phase (phases.sql; not the sync wait) in excess of the median
 -- of the other ranks. Columns: run, rank, step, phase, ns, others_ns, excess_ns.
-CREATE OR REPLACE TEMP VIEW phase_excess AS
+CREATE OR REPLACE TEMP VIEW _phase_excess AS
 WITH own AS (
     -- the rank's own time per phase (sync, the wait for the last collectives, is left out)
     SELECT run, rank, step, forward_ns AS forward, backward_ns AS backward, optimizer_ns AS optimizer,
@@ -121,12 +121,12 @@ WITH per_rank AS (
 ),
 where_slow AS (
     SELECT run, rank, arg_max(phase, excess) AS phase, max(excess) AS phase_excess_ns_per_step
-    FROM (SELECT run, rank, phase, median(excess_ns) AS excess FROM phase_excess GROUP BY ALL)
+    FROM (SELECT run, rank, phase, median(excess_ns) AS excess FROM _phase_excess GROUP BY ALL)
     GROUP BY ALL
 ),
 where_named AS (  -- per rank and phase: the range with the largest median excess (> 0)
     SELECT run, rank, phase, arg_max(name, excess) AS annotation, max(excess) AS annotation_excess_ns_per_step
-    FROM (SELECT run, rank, phase, name, median(excess_ns) AS excess FROM user_annotation_excess GROUP BY ALL)
+    FROM (SELECT run, rank, phase, name, median(excess_ns) AS excess FROM _user_annotation_excess GROUP BY ALL)
     WHERE excess > 0
     GROUP BY ALL
 )
