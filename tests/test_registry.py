@@ -142,3 +142,27 @@ def test_views_are_public_or_private():
     public = set(R.public_views())
     assert public <= defined, public - defined
     assert {v for v in defined - public if not v.startswith("_")} == set()
+
+
+def test_one_interval_union_in_sql_and_python():
+    """intervals.sql's macro and replay's merge_intervals give the same union on random intervals
+    (overlapping, touching, nested, equal), per group."""
+    import duckdb
+    import numpy as np
+
+    from traceanalyzer.replay.graph import merge_intervals
+    rng = np.random.default_rng(7)
+    lo = rng.integers(0, 3000, 400)
+    iv = np.column_stack([lo, lo + rng.integers(0, 15, 400)])
+    grp = rng.integers(0, 3, 400)
+    con = duckdb.connect()
+    for statement in con.extract_statements(M.modules()["intervals"].text):
+        con.execute(statement)
+    con.execute("CREATE TABLE t (grp INTEGER, lo_ns BIGINT, hi_ns BIGINT)")
+    con.executemany("INSERT INTO t VALUES (?, ?, ?)", [(int(g), int(a), int(b)) for g, (a, b) in zip(grp, iv)])
+    for g in range(3):
+        sql = con.execute("SELECT lo_ns, hi_ns FROM _union_intervals(t) WHERE grp = ? ORDER BY lo_ns", [g]).fetchall()
+        py = merge_intervals(iv[grp == g])
+        assert sql == [tuple(map(int, r)) for r in py] and len(py) > 5
+    # touching intervals join, a gap of 1 ns does not
+    assert merge_intervals(np.array([[0, 5], [5, 7], [8, 9]])).tolist() == [[0, 7], [8, 9]]

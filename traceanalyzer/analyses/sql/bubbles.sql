@@ -11,7 +11,7 @@
 -- Every comparison between stages (slow stage, stall causes) stays inside one pipeline. Steps are
 -- aligned (step_alignment.sql): a stall is charged to the peer's same iteration.
 --
--- requires: activity, pipelines, step_alignment
+-- requires: activity, intervals, pipelines, step_alignment
 
 -- Idle stretches of each stage in each step, classified.
 -- Columns: run, rank, stage, step, kind (warmup/cooldown/stall/other), caused_by_rank (stalls),
@@ -24,11 +24,10 @@ WITH busy AS (  -- merged compute of the stage inside its step
     SEMI JOIN pipeline_stages ps ON ps.run = a.run AND ps.rank = a.rank
     WHERE a.n_compute > 0
 ),
-islands AS (
+busy_keyed AS (SELECT {'run': run, 'rank': rank, 'step': step} AS grp, * FROM busy),
+islands AS (  -- the busy time as merged intervals (intervals.sql)
     SELECT run, rank, step, any_value(s0) AS s0, any_value(s1) AS s1, island, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns
-    FROM (SELECT *, sum(CASE WHEN lo_ns = prev THEN 0 ELSE 1 END) OVER (PARTITION BY run, rank, step ORDER BY lo_ns) AS island
-          FROM (SELECT *, lag(hi_ns) OVER (PARTITION BY run, rank, step ORDER BY lo_ns) AS prev FROM busy))
-    GROUP BY run, rank, step, island
+    FROM _interval_islands(busy_keyed) GROUP BY run, rank, step, island
 ),
 gaps AS (
     SELECT run, rank, step, 'warmup' AS kind, s0 AS lo_ns, min(lo_ns) AS hi_ns FROM islands GROUP BY run, rank, step, s0

@@ -43,7 +43,7 @@
 -- with every launch-side row without one). Ranks are ours (distributedInfo), not HTA's (the first
 -- '"rank": N' in the file text); they agree on every reference trace.
 --
--- requires: (nothing: reads the canonical tables only)
+-- requires: intervals
 
 -- Per trace file: how HTA loads it.
 -- Columns: run, rank, window_id, base_time_ns, rounds_to_us (some ts of the file, event or flow, has a
@@ -152,23 +152,16 @@ SELECT run, rank, window_id, event_id, cat, name,
        hta_stream, lo_ns, hi_ns, (hi_ns - lo_ns) / 1000.0 AS dur_us
 FROM in_window;
 
--- Merged intervals per kernel type, HTA's merge_kernel_intervals (step 5).
+-- Merged intervals per kernel type, HTA's merge_kernel_intervals (step 5): intervals.sql's rule is
+-- HTA's (a kernel starting after every earlier one ended opens a merged interval).
 -- Columns: run, rank, window_id, kernel_type (COMPUTATION, COMMUNICATION, MEMORY, OTHER), lo_ns, hi_ns.
 CREATE OR REPLACE TEMP VIEW _hta_merged AS
-WITH largest_end_before AS (
-    SELECT run, rank, window_id, kernel_type, lo_ns, hi_ns,
-           max(hi_ns) OVER (PARTITION BY run, rank, window_id, kernel_type ORDER BY lo_ns, hi_ns, event_id
-                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_max_hi,
-           row_number() OVER (PARTITION BY run, rank, window_id, kernel_type ORDER BY lo_ns, hi_ns, event_id) AS pos
+WITH k AS (
+    SELECT {'run': run, 'rank': rank, 'window_id': window_id, 'kernel_type': kernel_type} AS grp, lo_ns, hi_ns
     FROM hta_kernels
-),
-grouped AS (
-    SELECT *, sum(CASE WHEN lo_ns > prev_max_hi THEN 1 ELSE 0 END)
-                  OVER (PARTITION BY run, rank, window_id, kernel_type ORDER BY pos ROWS UNBOUNDED PRECEDING) AS grp
-    FROM largest_end_before
 )
-SELECT run, rank, window_id, kernel_type, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns
-FROM grouped GROUP BY run, rank, window_id, kernel_type, grp;
+SELECT grp.run AS run, grp.rank AS rank, grp.window_id AS window_id, grp.kernel_type AS kernel_type, lo_ns, hi_ns
+FROM _union_intervals(k);
 
 -- Time segments between consecutive merged-interval bounds, labelled with the types running
 -- (step 6; OTHER takes part so that the segments also give the union of G).

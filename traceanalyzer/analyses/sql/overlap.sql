@@ -6,7 +6,7 @@
 -- segments are joined, each is attributed to the collective that covers most of it, and the
 -- compute that ran just before and just after it is named -- what a user would move or overlap.
 --
--- requires: activity
+-- requires: activity, intervals
 
 -- Columns: run, rank, step, comm_ns, overlapped_ns, exposed_ns, compute_ns, overlap_pct,
 -- exposed_pct_of_step (exposed / step span of the rank's activity).
@@ -41,11 +41,10 @@ GROUP BY run, rank;
 -- Exposed communication intervals, all of them: consecutive exposed segments joined.
 -- Columns: run, rank, window_id, step, lo_ns, hi_ns, exposed_ns, rank_order (per run, largest first).
 CREATE OR REPLACE TEMP VIEW exposed_intervals AS
-WITH seg AS (
-    SELECT *, sum(CASE WHEN lo_ns = prev_hi THEN 0 ELSE 1 END) OVER (PARTITION BY run, rank, window_id, step ORDER BY lo_ns) AS island
-    FROM (SELECT *, lag(hi_ns) OVER (PARTITION BY run, rank, window_id, step ORDER BY lo_ns) AS prev_hi
-          FROM activity_segments WHERE label = 'comm')
-)
+WITH comm AS (
+    SELECT {'run': run, 'rank': rank, 'window_id': window_id, 'step': step} AS grp, * FROM activity_segments WHERE label = 'comm'
+),
+seg AS (SELECT * FROM _interval_islands(comm))  -- consecutive segments joined (intervals.sql)
 SELECT run, rank, window_id, step, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns, sum(dur_ns) AS exposed_ns,
        row_number() OVER (PARTITION BY run ORDER BY sum(dur_ns) DESC, rank, min(lo_ns)) AS rank_order
 FROM seg GROUP BY run, rank, window_id, step, island;

@@ -23,7 +23,7 @@
 --   straggler_persistent_pct flagged in at least this % of steps -> 'persistent', else 'sporadic'
 --                            (default 50)
 --
--- requires: annotations, collectives, phases
+-- requires: annotations, collectives, intervals, phases
 
 -- Per rank and step: the delay it imposed on its peers.
 -- Columns: run, rank, step, n_collectives (where it arrived last), imposed_wait_ns (sum over
@@ -50,17 +50,12 @@ waits AS (
 ),
 islands AS (
     -- concurrent collectives (DDP buckets, several groups) wait at the same time: merge each
-    -- peer's waits for one straggler so that the same wall time is counted once
-    SELECT *, sum(new_island) OVER (PARTITION BY run, step, rank, peer ORDER BY lo, hi) AS island
-    FROM (SELECT *, CASE WHEN lo <= max(hi) OVER (PARTITION BY run, step, rank, peer ORDER BY lo, hi
-                                                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
-                         THEN 0 ELSE 1 END AS new_island
-          FROM waits)
+    -- peer's waits for one straggler (intervals.sql) so that the same wall time is counted once
+    SELECT {'run': run, 'step': step, 'rank': rank, 'peer': peer} AS grp, lo AS lo_ns, hi AS hi_ns FROM waits
 ),
 per_peer AS (
-    SELECT run, step, rank, peer, sum(hi - lo) AS wait_ns
-    FROM (SELECT run, step, rank, peer, island, min(lo) AS lo, max(hi) AS hi, count(*) AS n
-          FROM islands GROUP BY ALL) GROUP BY ALL
+    SELECT grp.run AS run, grp.step AS step, grp.rank AS rank, grp.peer AS peer, sum(hi_ns - lo_ns) AS wait_ns
+    FROM _union_intervals(islands) GROUP BY ALL
 ),
 imposed AS (
     SELECT p.run, p.rank, p.step, sum(p.wait_ns) AS imposed_wait_ns,
