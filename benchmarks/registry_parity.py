@@ -26,6 +26,10 @@ WRAPPERS = {
     "w_hta_overlap": ("hta_overlap", {}), "w_hta_kernel_type": ("hta_kernel_type_breakdown", {}),
     "w_hta_kernel_stats": ("hta_kernel_stats", {}), "w_hta_window": ("hta_window", {}),
     "w_temporal_ranks": ("temporal_breakdown", {"per": "rank"}),
+    **{f"w_{fn}": (fn, {}) for fn in (
+        "collectives", "clock_offsets", "phases", "stragglers", "overlap", "exposed_comm", "temporal_breakdown",
+        "imbalance", "seqlen_signal", "launch_stats", "queue_length", "idle_breakdown", "bubbles", "pipeline_shape",
+        "slow_stages", "all_to_all_balance", "imbalance_ops", "kernel_breakdown", "straggler_candidates")},
 }
 
 

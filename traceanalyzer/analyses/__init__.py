@@ -79,6 +79,12 @@ def _query(store_or_con, sql: str, run: str | None, params: dict) -> pd.DataFram
     return con.execute(sql.format(where=where), {"run": run} if run is not None else {}).df()
 
 
+def _result(store_or_con, name: str, run: str | None, params: dict) -> pd.DataFrame:
+    """Analysis ``name``'s rows as its registry record selects them (its view, in its order)."""
+    a = registry.get(name)
+    return _query(store_or_con, f"SELECT * FROM {a.view}{{where}} ORDER BY {a.order}", run, params)
+
+
 def step_alignment(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Per rank and trace window: each ProfilerStep number and the aligned step (the same
     iteration's number on every rank, from the collectives and p2p transfers the steps share)."""
@@ -88,22 +94,22 @@ def step_alignment(store_or_con, run: str | None = None, **params) -> pd.DataFra
 def collectives(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """One row per logical collective joined across ranks: arrival skew, last arriver, transfer
     time, waits, bytes, algbw/busbw."""
-    return _query(store_or_con, "SELECT * FROM collective_instances{where} ORDER BY run, pg, seq", run, params)
+    return _result(store_or_con, "collectives", run, params)
 
 
 def clock_offsets(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Estimated clock offset per rank (from collective completions), and whether it is applied."""
-    return _query(store_or_con, "SELECT * FROM clock_offsets{where} ORDER BY run, rank", run, params)
+    return _result(store_or_con, "clock_offsets", run, params)
 
 
 def phases(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Forward / backward / optimizer / data-loading time per rank and step."""
-    return _query(store_or_con, "SELECT * FROM step_phases{where} ORDER BY run, step, rank", run, params)
+    return _result(store_or_con, "phases", run, params)
 
 
 def stragglers(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Ranks that made their peers wait, ranked by the time they cost per step."""
-    return _query(store_or_con, "SELECT * FROM straggler_findings{where} ORDER BY run, rank_order", run, params)
+    return _result(store_or_con, "stragglers", run, params)
 
 
 def straggler_steps(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
@@ -126,7 +132,7 @@ def overlap(store_or_con, run: str | None = None, per: str = "rank", **params) -
 def exposed_comm(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """The largest exposed communication intervals (no compute at the same time; exposed_top per
     run), each with its collective and the compute before and after it."""
-    return _query(store_or_con, "SELECT * FROM exposed_comm{where} ORDER BY run, rank_order", run, params)
+    return _result(store_or_con, "exposed_comm", run, params)
 
 
 def exposed_intervals(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
@@ -138,8 +144,8 @@ def temporal_breakdown(store_or_con, run: str | None = None, per: str = "step", 
     """Compute / communication / memory / idle time over merged intervals, per 'step' (and rank)
     or per 'rank' (all steps swept together)."""
     if per == "rank":
-        return _query(store_or_con, "SELECT * FROM temporal_ranks{where} ORDER BY run, rank", run, params)
-    return _query(store_or_con, "SELECT * FROM temporal_breakdown{where} ORDER BY run, rank, step", run, params)
+        return _result(store_or_con, "temporal_ranks", run, params)
+    return _result(store_or_con, "temporal_breakdown", run, params)
 
 
 def kernel_breakdown(store_or_con, run: str | None = None, top: int = 10, **params) -> pd.DataFrame:
@@ -152,7 +158,7 @@ def kernel_breakdown(store_or_con, run: str | None = None, top: int = 10, **para
 
 def imbalance(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Per rank: compute relative to the mean of the ranks (median over steps), findings flagged."""
-    return _query(store_or_con, "SELECT * FROM imbalance_ranks{where} ORDER BY run, rank_order", run, params)
+    return _result(store_or_con, "imbalance", run, params)
 
 
 def imbalance_steps(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
@@ -167,22 +173,22 @@ def all_to_all_balance(store_or_con, run: str | None = None, **params) -> pd.Dat
 
 def seqlen_signal(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Per rank: correlation of forward and backward durations across steps (sequence-length signal)."""
-    return _query(store_or_con, "SELECT * FROM seqlen_signal{where} ORDER BY run, rank", run, params)
+    return _result(store_or_con, "seqlen_signal", run, params)
 
 
 def launch_stats(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """CPU->GPU launch delay statistics per rank (empty for CPU-only traces)."""
-    return _query(store_or_con, "SELECT * FROM launch_stats{where} ORDER BY run, rank", run, params)
+    return _result(store_or_con, "launch_stats", run, params)
 
 
 def queue_length(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Launched-but-not-started GPU operations per stream: max and time-weighted mean."""
-    return _query(store_or_con, "SELECT * FROM queue_length{where} ORDER BY run, rank, stream", run, params)
+    return _result(store_or_con, "queue_length", run, params)
 
 
 def idle_breakdown(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Idle gaps per stream split into host wait / kernel wait / other (HTA's rule)."""
-    return _query(store_or_con, "SELECT * FROM idle_breakdown{where} ORDER BY run, rank, stream, category", run, params)
+    return _result(store_or_con, "idle_breakdown", run, params)
 
 
 # -- HTA compatibility (sql/hta_compat.sql) ------------------------------------------------------
@@ -236,12 +242,12 @@ def hta_window(store_or_con, run: str | None = None, ns_rounding: bool = True, *
 
 def bubbles(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Pipeline bubbles per stage and step: warm-up, cool-down, stalls (by cause), theoretical share."""
-    return _query(store_or_con, "SELECT * FROM pipeline_bubbles{where} ORDER BY run, pipeline_id, step, stage", run, params)
+    return _result(store_or_con, "pipeline_bubbles", run, params)
 
 
 def pipeline_shape(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Detected pipeline: stages, stages per rank, micro-batches, schedule, theoretical bubble %."""
-    return _query(store_or_con, "SELECT * FROM pipeline_shape{where} ORDER BY run, pipeline_id", run, params)
+    return _result(store_or_con, "pipeline_shape", run, params)
 
 
 def stall_causes(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
@@ -251,7 +257,7 @@ def stall_causes(store_or_con, run: str | None = None, **params) -> pd.DataFrame
 
 def slow_stages(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Pipeline stages whose own time exceeds the others' (findings flagged), largest excess first."""
-    return _query(store_or_con, "SELECT * FROM pipeline_slow_stages{where} ORDER BY run, rank_order", run, params)
+    return _result(store_or_con, "pipeline_slow_stages", run, params)
 
 
 def imbalance_ops(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
