@@ -121,7 +121,7 @@ def test_every_sql_parameter_is_a_documented_setting():
     assert used - internal <= set(PARAMETERS), used - internal - set(PARAMETERS)
     assert set(PARAMETERS) - used == set(), "settings no SQL reads"
     for s in SETTINGS.values():
-        assert s.help and s.scope in ("sql", "nccl_join", "report") and s.default is not None, s
+        assert s.help and s.scope in ("sql", "nccl_join", "diff", "report") and s.default is not None, s
 
 
 def test_join_and_report_thresholds_come_from_the_settings(run_cli):

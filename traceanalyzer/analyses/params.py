@@ -9,6 +9,7 @@ Where each one is used (``scope``):
   :func:`traceanalyzer.analyses.prepare`; ``traceanalyzer analyze --set NAME=VALUE`` changes it and
   the saved results record it. :data:`traceanalyzer.analyses.PARAMETERS` is this scope.
 * ``nccl_join``: matching NCCL communicators to process groups (:class:`.nccl_join.JoinParams`).
+* ``diff``: comparing two runs (:mod:`.diff`).
 * ``report``: which findings the report keeps and replays (:mod:`traceanalyzer.report`).
 
 ``traceanalyzer schema`` and docs/analyses.md list them (:func:`describe`). Units are in the names.
@@ -73,6 +74,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     _s("nccl_join_ambiguity_margin", 0.05, "offsets (or groups) scoring within this of the best are equally good", "nccl_join"),
     _s("nccl_join_dur_tiebreak_ratio", 2.0, "a duration tie-break needs the runner-up's duration error to be this many times the best's", "nccl_join"),
     _s("nccl_join_dur_error_floor", 0.01, "duration errors below this (|ln ratio|, ~1 %) are timing noise: the runner-up must beat ratio x max(best, floor)", "nccl_join"),
+    # -- comparing two runs (diff.py) --
+    _s("diff_min_impact_ns", 50_000, "a change between two runs smaller than this (ns per step) is noise on a shared machine and is not listed", "diff"),
     # -- the report --
     # same order as the analyses' 5-10 % thresholds for imbalance and stragglers
     _s("exposed_comm_min_pct", 5.0, "an exposed-communication finding needs at least this much recoverable time, in % of the median step", "report"),
@@ -102,7 +105,8 @@ def default(name: str) -> Any:
 def describe() -> str:
     """Markdown: every setting with its default, scope and meaning (``traceanalyzer schema``)."""
     lines = ["# analysis settings", "",
-             "`sql`: `traceanalyzer analyze --set NAME=VALUE`; `nccl_join`: `JoinParams`; `report`: the report.", "",
+             "`sql`: `traceanalyzer analyze --set NAME=VALUE`; `nccl_join`: `JoinParams`; `diff`: `traceanalyzer diff`; "
+             "`report`: the report.", "",
              "| name | default | scope | meaning |", "|---|---|---|---|"]
     lines += [f"| {s.name} | {s.default!r} | {s.scope} | {s.help} |" for s in SETTINGS.values()]
     return "\n".join(lines) + "\n"
