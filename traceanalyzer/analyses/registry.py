@@ -21,7 +21,7 @@ registry for the code that reads result columns below the analyses (the store's 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -49,7 +49,6 @@ class Analysis:
     where: str = ""                    #: row filter (SQL over the view's columns and parameters)
     producer: Callable | None = None   #: f(con, run, cache) -> DataFrame, for Python analyses
     sql_file: str | Path | None = None  #: the SQL module, when it is not one of the package's
-    views: tuple[str, ...] = field(default=())  #: other public views of its module users query
 
     @property
     def table(self) -> Table:
