@@ -374,10 +374,10 @@ def phase_analyze(spec: dict) -> dict:
 #   prepare_once  the SQL modules loaded once per connection (the critical-path producer loads them
 #                 again on the connection compute() already prepared: DuckDB binds every view again)
 #   materialize   + activity_intervals and the sweeps over it (activity_segments,
-#                 activity_window_segments) computed once per connection as temp tables, instead of
+#                 _activity_window_segments) computed once per connection as temp tables, instead of
 #                 being inlined (and recomputed) in every analysis, and several times in some queries
 WHAT_IF = ("prepare_once", "materialize")
-MATERIALIZE = ("activity_intervals", "activity_segments", "activity_window_segments")  # in dependency order
+MATERIALIZE = ("activity_intervals", "activity_segments", "_activity_window_segments")  # in dependency order
 
 
 def phase_whatif(spec: dict) -> dict:

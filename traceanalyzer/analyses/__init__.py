@@ -17,36 +17,15 @@ import re
 from typing import TYPE_CHECKING, Any
 
 from . import modules as _modules
+from . import params as _params
+from . import registry  # noqa: F401 - the analyses, one record each; fills schema.RESULTS
 
 if TYPE_CHECKING:  # pandas loads in ~0.5 s: only the results need it, and DuckDB imports it then
     import pandas as pd
 
-#: Named parameters of the SQL modules: name -> (default, meaning). Units are in the names.
-PARAMETERS: dict[str, tuple[Any, str]] = {
-    "align_clocks": ("auto", "apply estimated clock offsets: 'auto' (when evident: several hosts, or an offset >= "
-                             "clock_offset_evident_ns), 'always', 'never'"),
-    # on one host the estimate is how far apart ranks leave collectives: at most 4.6 ms over the shipped
-    # runs (a desync run); a shifted trace's clock is off by seconds or hours
-    "clock_offset_evident_ns": (100_000_000, "align_clocks=auto applies the offsets on one host when one is at least this"),
-    # 10 %: the OSDI'25 what-if study calls a job straggling when its slowdown S >= 1.1
-    "straggler_min_delay_pct": (10.0, "a straggler costs its peers at least this % of the median step time per step"),
-    "straggler_min_delay_ns": (1_000_000, "... and at least this many ns per step"),
-    "straggler_min_excess_pct": (10.0, "... and was slower on its own: median excess in one phase >= this % of the step time"),
-    "straggler_persistent_pct": (50.0, "flagged in at least this % of steps: 'persistent', else 'sporadic'"),
-    "imbalance_min_ratio": (1.1, "a rank is imbalanced when its compute is at least this times the mean of the ranks"),
-    "imbalance_min_excess_pct": (5.0, "... and its excess over the mean is at least this % of the median step time"),
-    "seqlen_min_corr": (0.9, "forward/backward correlation across steps that signals sequence-length imbalance"),
-    "clock_offset_min_launch_delay_ns": (1_000_000, "a CPU/GPU clock offset is suspected when even a rank's quickest GPU op started this long after its launch call returned"),
-    "clock_offset_max_spread_ratio": (1.0, "... and its median launch delay is within (1 + this) x that quickest one (uniform, unlike a backlogged GPU)"),
-    "clock_offset_min_early_pct": (50.0, "... or this % of its GPU ops started before their launch call began (GPU clock behind)"),
-    "clock_offset_min_launches": (10, "... over at least this many launches"),
-    "idle_kernel_wait_ns": (30_000, "a gap between kernels of a stream shorter than this is 'kernel wait' (HTA: 30 us)"),
-    "p2p_wait_max_tail_ns": (1_000_000, "a pipeline gap under an open send is a wait on it (a stall) only when it ends within this many ns after the send completes (else the stage's own time)"),
-    "finding_min_steps_pct": (75.0, "a slow stage is a finding only when its own time exceeds its peers' in at least this % of the steps (one noisy step of a healthy run is not a fault)"),
-    "slow_stage_min_excess_pct": (10.0, "a pipeline stage is slow when its own time exceeds the other stages' median by this % of the step"),
-    "exposed_top": (20, "exposed-communication intervals attributed (collective, compute before/after) per run"),
-    "kernels_top": (10, "kernels/operators kept per rank and category by analyze"),
-}
+#: Named parameters of the SQL modules: name -> (default, meaning), the 'sql' scope of the one
+#: settings object (:data:`.params.SETTINGS`, which documents each). Units are in the names.
+PARAMETERS: dict[str, tuple[Any, str]] = {k: (s.default, s.help) for k, s in _params.scope("sql").items()}
 
 
 def prepare(con, modules=None, views=None, **params) -> Any:
@@ -58,9 +37,8 @@ def prepare(con, modules=None, views=None, **params) -> Any:
         from ..errors import TraceAnalyzerError
         raise TraceAnalyzerError(f"unknown analysis parameter(s): {', '.join(sorted(unknown))}; "
                                  f"known: {', '.join(PARAMETERS)}")
-    from .params import check_parameter
     for key, (default, _) in PARAMETERS.items():
-        value = check_parameter(key, params.get(key, default), default)
+        value = _params.check_parameter(key, params.get(key, default), default)
         con.execute(f"SET VARIABLE {key} = ?", [value])
     if views is not None:
         names = _modules.modules_for(views)
@@ -101,6 +79,12 @@ def _query(store_or_con, sql: str, run: str | None, params: dict) -> pd.DataFram
     return con.execute(sql.format(where=where), {"run": run} if run is not None else {}).df()
 
 
+def _result(store_or_con, name: str, run: str | None, params: dict) -> pd.DataFrame:
+    """Analysis ``name``'s rows as its registry record selects them (its view, in its order)."""
+    a = registry.get(name)
+    return _query(store_or_con, f"SELECT * FROM {a.view}{{where}} ORDER BY {a.order}", run, params)
+
+
 def step_alignment(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Per rank and trace window: each ProfilerStep number and the aligned step (the same
     iteration's number on every rank, from the collectives and p2p transfers the steps share)."""
@@ -110,22 +94,22 @@ def step_alignment(store_or_con, run: str | None = None, **params) -> pd.DataFra
 def collectives(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """One row per logical collective joined across ranks: arrival skew, last arriver, transfer
     time, waits, bytes, algbw/busbw."""
-    return _query(store_or_con, "SELECT * FROM collective_instances{where} ORDER BY run, pg, seq", run, params)
+    return _result(store_or_con, "collectives", run, params)
 
 
 def clock_offsets(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Estimated clock offset per rank (from collective completions), and whether it is applied."""
-    return _query(store_or_con, "SELECT * FROM clock_offsets{where} ORDER BY run, rank", run, params)
+    return _result(store_or_con, "clock_offsets", run, params)
 
 
 def phases(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Forward / backward / optimizer / data-loading time per rank and step."""
-    return _query(store_or_con, "SELECT * FROM step_phases{where} ORDER BY run, step, rank", run, params)
+    return _result(store_or_con, "phases", run, params)
 
 
 def stragglers(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Ranks that made their peers wait, ranked by the time they cost per step."""
-    return _query(store_or_con, "SELECT * FROM straggler_findings{where} ORDER BY run, rank_order", run, params)
+    return _result(store_or_con, "stragglers", run, params)
 
 
 def straggler_steps(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
@@ -148,7 +132,7 @@ def overlap(store_or_con, run: str | None = None, per: str = "rank", **params) -
 def exposed_comm(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """The largest exposed communication intervals (no compute at the same time; exposed_top per
     run), each with its collective and the compute before and after it."""
-    return _query(store_or_con, "SELECT * FROM exposed_comm{where} ORDER BY run, rank_order", run, params)
+    return _result(store_or_con, "exposed_comm", run, params)
 
 
 def exposed_intervals(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
@@ -160,8 +144,8 @@ def temporal_breakdown(store_or_con, run: str | None = None, per: str = "step", 
     """Compute / communication / memory / idle time over merged intervals, per 'step' (and rank)
     or per 'rank' (all steps swept together)."""
     if per == "rank":
-        return _query(store_or_con, "SELECT * FROM temporal_ranks{where} ORDER BY run, rank", run, params)
-    return _query(store_or_con, "SELECT * FROM temporal_breakdown{where} ORDER BY run, rank, step", run, params)
+        return _result(store_or_con, "temporal_ranks", run, params)
+    return _result(store_or_con, "temporal_breakdown", run, params)
 
 
 def kernel_breakdown(store_or_con, run: str | None = None, top: int = 10, **params) -> pd.DataFrame:
@@ -174,7 +158,7 @@ def kernel_breakdown(store_or_con, run: str | None = None, top: int = 10, **para
 
 def imbalance(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Per rank: compute relative to the mean of the ranks (median over steps), findings flagged."""
-    return _query(store_or_con, "SELECT * FROM imbalance_ranks{where} ORDER BY run, rank_order", run, params)
+    return _result(store_or_con, "imbalance", run, params)
 
 
 def imbalance_steps(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
@@ -189,22 +173,22 @@ def all_to_all_balance(store_or_con, run: str | None = None, **params) -> pd.Dat
 
 def seqlen_signal(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Per rank: correlation of forward and backward durations across steps (sequence-length signal)."""
-    return _query(store_or_con, "SELECT * FROM seqlen_signal{where} ORDER BY run, rank", run, params)
+    return _result(store_or_con, "seqlen_signal", run, params)
 
 
 def launch_stats(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """CPU->GPU launch delay statistics per rank (empty for CPU-only traces)."""
-    return _query(store_or_con, "SELECT * FROM launch_stats{where} ORDER BY run, rank", run, params)
+    return _result(store_or_con, "launch_stats", run, params)
 
 
 def queue_length(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Launched-but-not-started GPU operations per stream: max and time-weighted mean."""
-    return _query(store_or_con, "SELECT * FROM queue_length{where} ORDER BY run, rank, stream", run, params)
+    return _result(store_or_con, "queue_length", run, params)
 
 
 def idle_breakdown(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Idle gaps per stream split into host wait / kernel wait / other (HTA's rule)."""
-    return _query(store_or_con, "SELECT * FROM idle_breakdown{where} ORDER BY run, rank, stream, category", run, params)
+    return _result(store_or_con, "idle_breakdown", run, params)
 
 
 # -- HTA compatibility (sql/hta_compat.sql) ------------------------------------------------------
@@ -258,12 +242,12 @@ def hta_window(store_or_con, run: str | None = None, ns_rounding: bool = True, *
 
 def bubbles(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Pipeline bubbles per stage and step: warm-up, cool-down, stalls (by cause), theoretical share."""
-    return _query(store_or_con, "SELECT * FROM pipeline_bubbles{where} ORDER BY run, pipeline_id, step, stage", run, params)
+    return _result(store_or_con, "pipeline_bubbles", run, params)
 
 
 def pipeline_shape(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Detected pipeline: stages, stages per rank, micro-batches, schedule, theoretical bubble %."""
-    return _query(store_or_con, "SELECT * FROM pipeline_shape{where} ORDER BY run, pipeline_id", run, params)
+    return _result(store_or_con, "pipeline_shape", run, params)
 
 
 def stall_causes(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
@@ -273,7 +257,7 @@ def stall_causes(store_or_con, run: str | None = None, **params) -> pd.DataFrame
 
 def slow_stages(store_or_con, run: str | None = None, **params) -> pd.DataFrame:
     """Pipeline stages whose own time exceeds the others' (findings flagged), largest excess first."""
-    return _query(store_or_con, "SELECT * FROM pipeline_slow_stages{where} ORDER BY run, rank_order", run, params)
+    return _result(store_or_con, "pipeline_slow_stages", run, params)
 
 
 def imbalance_ops(store_or_con, run: str | None = None, **params) -> pd.DataFrame:

@@ -28,13 +28,15 @@ import pandas as pd
 
 from ..errors import TraceAnalyzerError
 from ..store.runs import resolve_run
+from .params import default
 
 #: Kinds of events compared as operators: the work a rank does itself (communication executions
 #: are compared as collectives, where waiting can be told apart from transfer).
 OP_KINDS = ("cpu_op", "annotation", "compute_kernel", "memcpy", "memset", "gpu_annotation")
 
-#: A change smaller than this (ns per step) is noise on a shared machine and is not listed.
-MIN_IMPACT_NS = 50_000
+#: A change smaller than this (ns per step) is noise on a shared machine and is not listed
+#: (setting diff_min_impact_ns).
+MIN_IMPACT_NS = default("diff_min_impact_ns")
 
 _CHANGE_COLS = ["kind", "what", "rank", "a", "b", "delta_ns", "delta_pct_of_step", "detail"]
 

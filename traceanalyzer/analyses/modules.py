@@ -35,18 +35,45 @@ class Module:
     text: str
 
 
+def _module(name: str, text: str) -> Module:
+    m = _REQUIRES_RE.search(text)
+    requires = tuple(r.strip() for r in m.group(1).split(",")) if m and not m.group(1).startswith("(") else ()
+    return Module(name, requires, tuple(_DEFINES_RE.findall(text)), text)
+
+
+#: SQL modules added from outside the package (:func:`add`, an analysis registered with its own file)
+_EXTRA: dict[str, Module] = {}
+
+
 @lru_cache(maxsize=None)
 def modules() -> dict[str, Module]:
-    """Every SQL module of the package by name (read once per process)."""
+    """Every SQL module by name: the package's (read once per process) and the added ones."""
     out = {}
     for entry in sorted(resources.files(__package__).joinpath("sql").iterdir(), key=lambda e: e.name):
-        if not entry.name.endswith(".sql"):
-            continue
-        text = entry.read_text()
-        m = _REQUIRES_RE.search(text)
-        requires = tuple(r.strip() for r in m.group(1).split(",")) if m and not m.group(1).startswith("(") else ()
-        out[entry.name[:-4]] = Module(entry.name[:-4], requires, tuple(_DEFINES_RE.findall(text)), text)
-    return out
+        if entry.name.endswith(".sql"):
+            out[entry.name[:-4]] = _module(entry.name[:-4], entry.read_text())
+    return {**out, **_EXTRA}
+
+
+def add(path) -> Module:
+    """Add the SQL module in file ``path`` (named after the file); its ``-- requires:`` line names
+    the package's modules it reads."""
+    from pathlib import Path
+    path = Path(path)
+    name = path.stem
+    if name in modules() and name not in _EXTRA:
+        raise ValueError(f"{path}: an SQL module {name!r} exists already")
+    _EXTRA[name] = _module(name, path.read_text())
+    modules.cache_clear()
+    owner.cache_clear()
+    return _EXTRA[name]
+
+
+def remove(name: str) -> None:
+    """Remove a module :func:`add` added."""
+    _EXTRA.pop(name, None)
+    modules.cache_clear()
+    owner.cache_clear()
 
 
 @lru_cache(maxsize=None)

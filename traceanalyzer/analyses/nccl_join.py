@@ -43,6 +43,7 @@ import pandas as pd
 import pyarrow as pa
 
 from .. import schema as S
+from .params import default
 
 #: ops NCCL runs as collectives; the profiler's barrier is an NCCL AllReduce of one element
 NCCL_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
@@ -50,16 +51,13 @@ NCCL_COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "
 
 @dataclass(frozen=True)
 class JoinParams:
-    #: fraction of the shorter sequence that must match at the chosen offset
-    min_score: float = 0.9
-    #: fewest compared pairs for an offset to count (or the whole shorter sequence, when shorter)
-    min_ops: int = 3
-    #: offsets (or groups) scoring within this of the best are equally good
-    ambiguity_margin: float = 0.05
-    #: a duration tie-break needs the runner-up's duration error to be this many times the best's
-    dur_tiebreak_ratio: float = 2.0
-    #: duration errors below this (|ln ratio|, ~1 %) are timing noise: the runner-up must beat ratio x max(best, floor)
-    dur_error_floor: float = 0.01
+    """The join's thresholds: field ``x`` is setting ``nccl_join_x`` (:data:`.params.SETTINGS`,
+    which documents each), defaults from there."""
+    min_score: float = default("nccl_join_min_score")
+    min_ops: int = default("nccl_join_min_ops")
+    ambiguity_margin: float = default("nccl_join_ambiguity_margin")
+    dur_tiebreak_ratio: float = default("nccl_join_dur_tiebreak_ratio")
+    dur_error_floor: float = default("nccl_join_dur_error_floor")
 
 
 # -- the two sides as sequences -------------------------------------------------------------------

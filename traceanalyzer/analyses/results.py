@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import os
-import re
 
 import pandas as pd
 import pyarrow as pa
@@ -21,71 +20,41 @@ from ..errors import TraceAnalyzerError
 from ..store import files as st
 from ..store.runs import resolve_run, store_runs
 from . import PARAMETERS, prepare
-
-#: analysis name -> the SQL that produces its result table (columns as in schema.RESULTS).
-QUERIES: dict[str, str] = {
-    "clock_offsets": "SELECT * FROM clock_offsets ORDER BY run, rank",
-    "collectives": "SELECT * FROM collective_instances ORDER BY run, pg, seq",
-    "stragglers": "SELECT * FROM straggler_findings ORDER BY run, rank_order",
-    "phases": "SELECT * FROM step_phases ORDER BY run, step, rank",
-    "overlap": "SELECT * FROM overlap_ranks ORDER BY run, rank",
-    "exposed_comm": "SELECT * FROM exposed_comm ORDER BY run, rank_order",
-    "serialized_comm": "SELECT * FROM serialized_comm_steps ORDER BY run, step, rank",
-    "temporal_breakdown": "SELECT * FROM temporal_breakdown ORDER BY run, rank, step",
-    "temporal_ranks": "SELECT * FROM temporal_ranks ORDER BY run, rank",
-    "kernel_breakdown": "SELECT * FROM kernel_breakdown WHERE rank_in_category <= getvariable('kernels_top') "
-                        "ORDER BY run, rank, category, rank_in_category",
-    "imbalance": "SELECT * FROM imbalance_ranks ORDER BY run, rank_order",
-    "imbalance_ops": "SELECT * FROM imbalance_ops WHERE rank_order <= getvariable('kernels_top') ORDER BY run, rank_order",
-    "all_to_all_balance": "SELECT * FROM all_to_all_balance ORDER BY run, rank_order",
-    "seqlen_signal": "SELECT * FROM seqlen_signal ORDER BY run, rank",
-    "launch_stats": "SELECT * FROM launch_stats ORDER BY run, rank",
-    "queue_length": "SELECT * FROM queue_length ORDER BY run, rank, stream",
-    "idle_breakdown": "SELECT * FROM idle_breakdown ORDER BY run, rank, stream, category",
-    "pipeline_shape": "SELECT * FROM pipeline_shape ORDER BY run, pipeline_id",
-    "pipeline_bubbles": "SELECT * FROM pipeline_bubbles ORDER BY run, pipeline_id, step, stage",
-    "pipeline_slow_stages": "SELECT * FROM pipeline_slow_stages ORDER BY run, rank_order",
-}
-def _critical_path(con, run, cache):
-    from .critical_path import critical_path
-    if "critical_path" not in cache:
-        cache["critical_path"] = critical_path(con, run=run)
-    return cache["critical_path"]
+from . import registry as R
 
 
-def _critical_path_summary(con, run, cache):
-    from .critical_path import critical_path_summary
-    return critical_path_summary(con, run=run, path=_critical_path(con, run, cache))
-
-
-#: analyses computed in Python (over the same SQL views): name -> f(con, run) -> DataFrame.
-PRODUCERS = {"critical_path": _critical_path, "critical_path_summary": _critical_path_summary}
-ALL = list(QUERIES) + list(PRODUCERS)
-assert set(ALL) == set(S.RESULTS), "every result table has a query or producer and a schema"
-
-
-def _view(name: str) -> str:
-    return re.search(r"FROM (\w+)", QUERIES[name]).group(1)
+def __getattr__(name):
+    # views of the registry (analyses.registry), made when read so that registered analyses count
+    if name == "QUERIES":  #: analysis name -> the SQL that produces its result table
+        return {a.name: a.sql for a in R.analyses() if a.view}
+    if name == "PRODUCERS":  #: analyses computed in Python: name -> f(con, run, cache) -> DataFrame
+        return {a.name: a.producer for a in R.analyses() if a.producer is not None}
+    if name == "ALL":
+        return R.names()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def query(con, name: str, run: str | None = None, **params):
     """The result of SQL analysis ``name`` as a lazy DuckDB relation over ``con`` (its modules bound,
     ``params`` set; defaults for the rest)."""
-    if name not in QUERIES:
-        raise TraceAnalyzerError(f"no SQL analysis {name!r}" + (" (computed in Python)" if name in PRODUCERS else "")
-                                 + f"; SQL analyses: {', '.join(QUERIES)}")
-    prepare(con, views=[_view(name)], **params)
+    a = R.get(name) if name in R.names() else None
+    if a is None or a.view is None:
+        sql_names = [x.name for x in R.analyses() if x.view]
+        raise TraceAnalyzerError(f"no SQL analysis {name!r}" + (" (computed in Python)" if a is not None else "")
+                                 + f"; SQL analyses: {', '.join(sql_names)}")
+    prepare(con, views=[a.view], **params)
     if run is None:
-        return con.sql(QUERIES[name])
-    return con.sql(f"SELECT * FROM ({QUERIES[name]}) WHERE run = $run", params={"run": run})
+        return con.sql(a.sql)
+    return con.sql(f"SELECT * FROM ({a.sql}) WHERE run = $run", params={"run": run})
 
 
 def compute(con, run: str | None = None, only: list[str] | None = None, **params) -> dict[str, pd.DataFrame]:
     """Run the analyses on an open store connection; returns name -> DataFrame (schema columns)."""
-    names = list(ALL) if not only else list(only)
-    unknown = [n for n in names if n not in ALL]
+    known = R.names()
+    names = list(known) if not only else list(only)
+    unknown = [n for n in names if n not in known]
     if unknown:
-        raise TraceAnalyzerError(f"unknown analysis: {', '.join(unknown)}; known: {', '.join(ALL)}")
+        raise TraceAnalyzerError(f"unknown analysis: {', '.join(unknown)}; known: {', '.join(known)}")
     prepare(con, views=["pipeline_shape"], **params)
     has_pipeline = con.execute("SELECT count(*) FROM pipeline_shape").fetchone()[0] > 0
     out, cache = {}, {}
@@ -94,7 +63,8 @@ def compute(con, run: str | None = None, only: list[str] | None = None, **params
             # the pipeline views cost more than the others together: skipped without a pipeline
             out[name] = S.RESULTS[name].arrow_schema.empty_table().to_pandas()
             continue
-        df = PRODUCERS[name](con, run, cache) if name in PRODUCERS else query(con, name, run, **params).df()
+        a = R.get(name)
+        df = a.producer(con, run, cache) if a.producer is not None else query(con, name, run, **params).df()
         out[name] = _conform(name, df)
     return out
 

@@ -128,8 +128,11 @@ def _parse_params(items: list[str]) -> dict:
 
 
 def _cmd_schema(args) -> int:
+    from ..analyses import params, registry
     from ..schema import describe
     print(describe())
+    print(registry.describe())
+    print(params.describe())
     return 0
 
 
@@ -307,12 +310,13 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("store")
     s.add_argument("--run", help="only this run (default: every run)")
     s.add_argument("--only", help="comma-separated analyses (default: all): " + ", ".join(ANALYSES))
-    s.add_argument("--set", action="append", metavar="NAME=VALUE", help="analysis parameter (repeatable); the list and defaults are below")
+    s.add_argument("--set", "--param", dest="set", action="append", metavar="NAME=VALUE",
+                   help="analysis parameter (repeatable); the list and defaults are below")
     s.add_argument("--json", action="store_true", help="print one JSON document (keys from the schema, with versions)")
     s.add_argument("--no-save", action="store_true", help="do not save the results in the store")
     s.set_defaults(func=_cmd_analyze)
 
-    s = sub.add_parser("schema", help="print every table and column of the store schema")
+    s = sub.add_parser("schema", help="print every table and column of the store schema, and every analysis's result table")
     s.set_defaults(func=_cmd_schema)
 
     s = sub.add_parser("report", help="a report of the findings ranked by recoverable time, with figures "

@@ -254,15 +254,12 @@ def _host_work(acts, s0, s1, waits, between_waits=True):
 
 
 def _merge(lo: np.ndarray, hi: np.ndarray):
-    """Union of intervals as sorted disjoint (lo, hi) arrays."""
+    """Union of intervals as sorted disjoint (lo, hi) arrays (:func:`.graph.merge_intervals`)."""
+    from .graph.model import merge_intervals
     if not len(lo):
         return lo, hi
-    o = np.argsort(lo, kind="stable")
-    lo, hi = lo[o], hi[o]
-    run_hi = np.maximum.accumulate(hi)
-    new = np.concatenate([[True], lo[1:] > run_hi[:-1]])
-    idx = np.flatnonzero(new)
-    return lo[idx], np.maximum.reduceat(hi, idx)
+    m = merge_intervals(np.column_stack([lo, hi]))
+    return m[:, 0], m[:, 1]
 
 
 def _subtract(a, b):

@@ -24,15 +24,15 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import pandas as pd
 
+from ..analyses.params import default
 from .load import RunData
 
 #: An exposed-communication finding needs at least this much recoverable time, in % of the median
-#: step: below it, overlapping better is not worth a person's time (same order as the analyses'
-#: 5-10 % thresholds for imbalance and stragglers).
-EXPOSED_COMM_MIN_PCT = 5.0
+#: step: below it, overlapping better is not worth a person's time (setting exposed_comm_min_pct).
+EXPOSED_COMM_MIN_PCT = default("exposed_comm_min_pct")
 
-#: Exposed intervals listed as evidence of an exposed-communication finding.
-EXPOSED_EVIDENCE_TOP = 3
+#: Exposed intervals listed as evidence of an exposed-communication finding (setting exposed_evidence_top).
+EXPOSED_EVIDENCE_TOP = default("exposed_evidence_top")
 
 #: Which cause wins when one rank is flagged by several analyses (higher = more specific).
 _SPECIFICITY = {"straggler": 0, "imbalance": 1, "slow_stage": 2}

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from .. import schema as S
+from ..analyses import registry as _registry  # noqa: F401 - fills schema.RESULTS (the result columns)
 from ..errors import TraceAnalyzerError
 from ..store.files import location
 from ..store.runs import select_runs

@@ -19,24 +19,25 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from ..analyses.params import default as _default
 from .findings import Finding, median_step_ns, ms, pct_of
 from .load import RunData
 
 #: At most this many rank findings (largest estimate first) are replayed; the others keep their
 #: estimate. One what-if costs two replays of the whole graph plus the plan: ~0.6 s for 13 M events
 #: on 2 cores (the first ~1.5 s: it also keys every operation across ranks once).
-REPLAY_MAX_FINDINGS = 3
+REPLAY_MAX_FINDINGS = _default("replay_max_findings")
 
 #: Findings whose estimate is below this % of the median step are not replayed (nothing worth a
 #: what-if; a 128-rank DLRM job flags 16 ranks that each cost 0.07 % of a step).
-REPLAY_MIN_PCT = 1.0
+REPLAY_MIN_PCT = _default("replay_min_pct")
 
 #: Runs with more stored events than this are not replayed by the report (the estimates are kept
 #: and the report says why; ``traceanalyzer report --replay-max-events N`` changes it). Building
 #: the graph costs ~0.5 us per stored event on 2 cores (6.5-7 s for the 13 M events of the
 #: 128-rank benchmark store, 2.3 GB), so graph + 3 what-ifs of a 20 M-event run stay inside the
 #: report's 30 s budget beside the report's own ~11 s.
-REPLAY_MAX_EVENTS = 20_000_000
+REPLAY_MAX_EVENTS = _default("replay_max_events")
 
 #: Finding kinds a what-if applies to (the ones that name a rank).
 REPLAY_KINDS = ("straggler", "imbalance", "slow_stage", "structural")
@@ -166,8 +167,9 @@ def replay_note(rp: RunReplay) -> str:
 
 
 #: The finding threshold of each rank-finding kind (an analysis parameter, % of the median step).
-_THRESHOLDS = {"straggler": ("straggler_min_delay_pct", 10.0), "imbalance": ("imbalance_min_excess_pct", 5.0),
-               "slow_stage": ("slow_stage_min_excess_pct", 10.0), "structural": ("slow_stage_min_excess_pct", 10.0)}
+_THRESHOLDS = {kind: (p, _default(p)) for kind, p in (
+    ("straggler", "straggler_min_delay_pct"), ("imbalance", "imbalance_min_excess_pct"),
+    ("slow_stage", "slow_stage_min_excess_pct"), ("structural", "slow_stage_min_excess_pct"))}
 
 
 def confirm_by_replay(data: RunData, findings: list[Finding]) -> list[Finding]:

@@ -347,11 +347,14 @@ def _readable(store: Path | Remote, manifest: Manifest, con):
 def _result_views(con, where, manifest: Manifest) -> None:
     """``result_<analysis>`` views over what ``traceanalyzer analyze`` saved (empty when not run)."""
     saved = manifest.extra.get("results", {})
-    for name, table in S.RESULTS.items():
+    # S.RESULTS: the analyses registered in this process (traceanalyzer.analyses.registry); results
+    # saved by an analysis registered elsewhere are views too
+    for name in dict.fromkeys(list(S.RESULTS) + list(saved)):
         files = [where(f) for f in saved.get(name, {}).get("files", {}).values()]
+        table = S.RESULTS.get(name)
         if files:
             con.execute(f"CREATE VIEW result_{name} AS SELECT * FROM read_parquet({_sql_list(files)}, union_by_name = true)")
-        else:
+        elif table is not None:
             cols = ", ".join(f"NULL::{_DUCK_TYPES[str(c.type)]} AS \"{c.name}\"" for c in table.columns)
             con.execute(f"CREATE VIEW result_{name} AS SELECT {cols} WHERE false")
 

@@ -58,7 +58,7 @@ FROM raw r LEFT JOIN step_alignment sa USING (run, rank, window_id, step);
 -- while step N+1's kernels run is then merged with them, as on the device).
 -- Columns: run, rank, window_id, step (NULL when per_step is false), lo_ns, hi_ns, dur_ns, label
 -- (compute/comm/memory/idle), n_compute, n_comm, n_memory (intervals of each category active).
-CREATE OR REPLACE TEMP MACRO activity_sweep(per_step) AS TABLE
+CREATE OR REPLACE TEMP MACRO _activity_sweep(per_step) AS TABLE
 WITH deltas AS (
     SELECT run, rank, window_id, CASE WHEN per_step THEN step END AS step, lo_ns AS t,
            (category = 'compute')::INT AS d_compute, (category = 'comm')::INT AS d_comm, (category = 'memory')::INT AS d_memory
@@ -85,8 +85,8 @@ SELECT run, rank, window_id, step, lo_ns, hi_ns, hi_ns - lo_ns AS dur_ns,
        n_compute, n_comm, n_memory
 FROM running WHERE hi_ns IS NOT NULL AND hi_ns > lo_ns;
 
--- Per step (see activity_sweep).
-CREATE OR REPLACE TEMP VIEW activity_segments AS SELECT * FROM activity_sweep(true);
+-- Per step (see _activity_sweep).
+CREATE OR REPLACE TEMP VIEW activity_segments AS SELECT * FROM _activity_sweep(true);
 
--- Per rank and window, all steps together (see activity_sweep).
-CREATE OR REPLACE TEMP VIEW activity_window_segments AS SELECT * FROM activity_sweep(false);
+-- Per rank and window, all steps together (see _activity_sweep).
+CREATE OR REPLACE TEMP VIEW _activity_window_segments AS SELECT * FROM _activity_sweep(false);

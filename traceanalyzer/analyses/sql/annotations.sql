@@ -15,7 +15,7 @@
 -- requires: phases, step_alignment
 
 -- Columns: run, rank, step, phase, name, ns (exclusive time in the step), n (ranges).
-CREATE OR REPLACE TEMP VIEW user_annotation_time AS
+CREATE OR REPLACE TEMP VIEW _user_annotation_time AS
 WITH ranges AS (
     SELECT run, rank, window_id, tid, step, event_id, name, ts_ns AS lo, ts_ns + dur_ns AS hi
     FROM events
@@ -57,12 +57,12 @@ GROUP BY ALL;
 -- of the value at sorted position i is read from that list with position i left out:
 -- others(k) = v[k] for k < i, v[k + 1] from i on; with c = n - 1 others, the median is others((c-1)/2)
 -- for odd c, the mean of others(c/2 - 1) and others(c/2) for even c (as DuckDB's median).
-CREATE OR REPLACE TEMP VIEW user_annotation_excess AS
-WITH names AS (SELECT DISTINCT run, phase, name FROM user_annotation_time),
+CREATE OR REPLACE TEMP VIEW _user_annotation_excess AS
+WITH names AS (SELECT DISTINCT run, phase, name FROM _user_annotation_time),
 grid AS (
     SELECT p.run, p.rank, p.step, n.phase, n.name, coalesce(t.ns, 0) AS ns
     FROM step_phases p JOIN names n USING (run)
-    LEFT JOIN user_annotation_time t USING (run, rank, step, phase, name)
+    LEFT JOIN _user_annotation_time t USING (run, rank, step, phase, name)
 ),
 _ranked AS (
     SELECT *, row_number() OVER (PARTITION BY run, step, phase, name ORDER BY ns, rank) - 1 AS i

@@ -34,7 +34,7 @@ FROM (SELECT run, rank, window_id, max(hi_ns) - min(lo_ns) AS span_ns,
              coalesce(sum(dur_ns) FILTER (WHERE label = 'comm'), 0) AS comm_ns,
              coalesce(sum(dur_ns) FILTER (WHERE label = 'memory'), 0) AS memory_ns,
              coalesce(sum(dur_ns) FILTER (WHERE label = 'idle'), 0) AS idle_ns
-      FROM activity_window_segments GROUP BY run, rank, window_id)
+      FROM _activity_window_segments GROUP BY run, rank, window_id)
 GROUP BY run, rank;
 
 -- Per kernel (GPU ranks) or CPU operator (CPU ranks) name: count and time, per rank.

@@ -11,7 +11,7 @@
 -- Every comparison between stages (slow stage, stall causes) stays inside one pipeline. Steps are
 -- aligned (step_alignment.sql): a stall is charged to the peer's same iteration.
 --
--- requires: activity, pipelines, step_alignment
+-- requires: activity, intervals, pipelines, step_alignment
 
 -- Idle stretches of each stage in each step, classified.
 -- Columns: run, rank, stage, step, kind (warmup/cooldown/stall/other), caused_by_rank (stalls),
@@ -19,16 +19,15 @@
 CREATE OR REPLACE TEMP VIEW pipeline_idle AS
 WITH busy AS (  -- merged compute of the stage inside its step
     SELECT a.run, a.rank, s.aligned_step AS step, s.start_ts_ns AS s0, s.end_ts_ns AS s1, a.lo_ns, a.hi_ns
-    FROM activity_segments a JOIN aligned_steps s
+    FROM activity_segments a JOIN _aligned_steps s
       ON s.run = a.run AND s.rank = a.rank AND s.window_id = a.window_id AND s.aligned_step = a.step
     SEMI JOIN pipeline_stages ps ON ps.run = a.run AND ps.rank = a.rank
     WHERE a.n_compute > 0
 ),
-islands AS (
+busy_keyed AS (SELECT {'run': run, 'rank': rank, 'step': step} AS grp, * FROM busy),
+islands AS (  -- the busy time as merged intervals (intervals.sql)
     SELECT run, rank, step, any_value(s0) AS s0, any_value(s1) AS s1, island, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns
-    FROM (SELECT *, sum(CASE WHEN lo_ns = prev THEN 0 ELSE 1 END) OVER (PARTITION BY run, rank, step ORDER BY lo_ns) AS island
-          FROM (SELECT *, lag(hi_ns) OVER (PARTITION BY run, rank, step ORDER BY lo_ns) AS prev FROM busy))
-    GROUP BY run, rank, step, island
+    FROM _interval_islands(busy_keyed) GROUP BY run, rank, step, island
 ),
 gaps AS (
     SELECT run, rank, step, 'warmup' AS kind, s0 AS lo_ns, min(lo_ns) AS hi_ns FROM islands GROUP BY run, rank, step, s0
@@ -116,7 +115,7 @@ SELECT st.run, st.rank, st.pipeline_id, st.stage, s.aligned_step AS step, s.dur_
        100.0 * coalesce(sum(i.dur_ns), 0) / nullif(s.dur_ns, 0) AS bubble_pct,
        any_value(sh.theoretical_bubble_pct) AS theoretical_bubble_pct, any_value(sh.schedule) AS schedule,
        any_value(sh.microbatches) AS microbatches
-FROM pipeline_stages st JOIN aligned_steps s USING (run, rank) JOIN pipeline_shape sh USING (run, pipeline_id)
+FROM pipeline_stages st JOIN _aligned_steps s USING (run, rank) JOIN pipeline_shape sh USING (run, pipeline_id)
 LEFT JOIN pipeline_idle i ON i.run = st.run AND i.rank = st.rank AND i.step = s.aligned_step
 GROUP BY st.run, st.rank, st.pipeline_id, st.stage, s.aligned_step, s.dur_ns;
 

@@ -7,7 +7,7 @@
 -- Columns: run, rank, window_id, stream, name, kind, ts_ns, dur_ns, launch_ts_ns, launch_dur_ns,
 -- launch_name, launch_delay_ns (GPU start - end of the launch call, clipped at 0 as HTA does),
 -- raw_launch_delay_ns (not clipped: negative when the GPU op starts before the call returns).
-CREATE OR REPLACE TEMP VIEW gpu_launches AS
+CREATE OR REPLACE TEMP VIEW _gpu_launches AS
 SELECT g.run, g.rank, g.window_id, g.stream, g.name, g.kind, g.ts_ns, g.dur_ns,
        r.ts_ns AS launch_ts_ns, r.dur_ns AS launch_dur_ns, r.name AS launch_name,
        greatest(g.ts_ns - (r.ts_ns + r.dur_ns), 0) AS launch_delay_ns,
@@ -28,13 +28,13 @@ WHERE g.kind IN ('compute_kernel', 'comm_kernel', 'memcpy', 'memset');
 -- is behind (offset = the most negative start - call start). Needs clock_offset_min_launches.
 -- Columns: run, rank, launches, min_launch_delay_ns (raw, may be < 0), median_raw_launch_delay_ns,
 -- early_launches, clock_offset_ns (NULL: none detected), clock_offset_reason.
-CREATE OR REPLACE TEMP VIEW gpu_clock_offset AS
+CREATE OR REPLACE TEMP VIEW _gpu_clock_offset AS
 WITH s AS (
     SELECT run, rank, count(*) AS launches, min(raw_launch_delay_ns) AS min_launch_delay_ns,
            median(raw_launch_delay_ns) AS median_raw_launch_delay_ns,
            count(*) FILTER (WHERE ts_ns < launch_ts_ns) AS early_launches,
            min(ts_ns - launch_ts_ns) AS min_start_after_call_ns
-    FROM gpu_launches GROUP BY ALL
+    FROM _gpu_launches GROUP BY ALL
 ), d AS (
     SELECT *,
            launches >= getvariable('clock_offset_min_launches')
@@ -56,31 +56,32 @@ FROM d;
 
 -- Launch statistics per rank. Columns: run, rank, launches, mean/median/p95/max launch_delay_ns
 -- (as recorded), mean launch (CPU) duration, mean GPU duration, short_kernels (GPU time < launch
--- time, launch <= 50 us: launch-bound), launch_outliers (launch call > 50 us), delay_outliers
--- (delay > 100 us, after removing a detected clock offset), min_launch_delay_ns (raw), clock_offset_ns
--- and clock_offset_reason (gpu_clock_offset; NULL when none), corrected_median_launch_delay_ns
+-- time, launch <= launch_short_max_ns, 50 us: launch-bound), launch_outliers (launch call >
+-- launch_outlier_min_ns, 50 us), delay_outliers (delay > launch_delay_outlier_min_ns, 100 us, after
+-- removing a detected clock offset), min_launch_delay_ns (raw), clock_offset_ns
+-- and clock_offset_reason (_gpu_clock_offset; NULL when none), corrected_median_launch_delay_ns
 -- (median delay less the offset, clipped at 0).
 CREATE OR REPLACE TEMP VIEW launch_stats AS
 SELECT g.run, g.rank, count(*) AS launches,
        avg(launch_delay_ns) AS mean_launch_delay_ns, median(launch_delay_ns) AS median_launch_delay_ns,
        quantile_cont(launch_delay_ns, 0.95) AS p95_launch_delay_ns, max(launch_delay_ns) AS max_launch_delay_ns,
        avg(launch_dur_ns) AS mean_launch_dur_ns, avg(dur_ns) AS mean_gpu_dur_ns,
-       count(*) FILTER (WHERE launch_dur_ns <= 50000 AND dur_ns < launch_dur_ns) AS short_kernels,
-       count(*) FILTER (WHERE launch_dur_ns > 50000) AS launch_outliers,
-       count(*) FILTER (WHERE raw_launch_delay_ns - coalesce(o.clock_offset_ns, 0) > 100000) AS delay_outliers,
+       count(*) FILTER (WHERE launch_dur_ns <= getvariable('launch_short_max_ns') AND dur_ns < launch_dur_ns) AS short_kernels,
+       count(*) FILTER (WHERE launch_dur_ns > getvariable('launch_outlier_min_ns')) AS launch_outliers,
+       count(*) FILTER (WHERE raw_launch_delay_ns - coalesce(o.clock_offset_ns, 0) > getvariable('launch_delay_outlier_min_ns')) AS delay_outliers,
        any_value(o.min_launch_delay_ns) AS min_launch_delay_ns, any_value(o.clock_offset_ns) AS clock_offset_ns,
        any_value(o.clock_offset_reason) AS clock_offset_reason,
        median(greatest(raw_launch_delay_ns - coalesce(o.clock_offset_ns, 0), 0)) AS corrected_median_launch_delay_ns
-FROM gpu_launches g LEFT JOIN gpu_clock_offset o USING (run, rank) GROUP BY g.run, g.rank;
+FROM _gpu_launches g LEFT JOIN _gpu_clock_offset o USING (run, rank) GROUP BY g.run, g.rank;
 
 -- Queue length per stream: +1 when a launch call starts, -1 when the GPU operation starts.
 -- Columns: run, rank, stream, launches, max_queue, mean_queue (time-weighted over the stream's
 -- activity; HTA reports an unweighted mean over samples instead).
 CREATE OR REPLACE TEMP VIEW queue_length AS
 WITH deltas AS (
-    SELECT run, rank, window_id, stream, launch_ts_ns AS t, 1 AS d FROM gpu_launches
+    SELECT run, rank, window_id, stream, launch_ts_ns AS t, 1 AS d FROM _gpu_launches
     UNION ALL
-    SELECT run, rank, window_id, stream, ts_ns, -1 FROM gpu_launches
+    SELECT run, rank, window_id, stream, ts_ns, -1 FROM _gpu_launches
 ),
 merged AS (SELECT run, rank, window_id, stream, t, sum(d) AS d FROM deltas GROUP BY ALL),
 running AS (
@@ -100,7 +101,7 @@ CREATE OR REPLACE TEMP VIEW idle_breakdown AS
 WITH ordered AS (
     SELECT run, rank, window_id, stream, ts_ns, dur_ns, launch_ts_ns,
            lag(ts_ns + dur_ns) OVER w AS prev_end
-    FROM gpu_launches WINDOW w AS (PARTITION BY run, rank, window_id, stream ORDER BY ts_ns)
+    FROM _gpu_launches WINDOW w AS (PARTITION BY run, rank, window_id, stream ORDER BY ts_ns)
 ),
 gaps AS (
     SELECT run, rank, stream, ts_ns - prev_end AS gap_ns,
@@ -109,7 +110,7 @@ gaps AS (
                 ELSE 'other' END AS category
     FROM ordered WHERE prev_end IS NOT NULL
 ),
-span AS (SELECT run, rank, stream, max(ts_ns + dur_ns) - min(ts_ns) AS span_ns FROM gpu_launches GROUP BY ALL)
+span AS (SELECT run, rank, stream, max(ts_ns + dur_ns) - min(ts_ns) AS span_ns FROM _gpu_launches GROUP BY ALL)
 SELECT g.run, g.rank, g.stream, g.category, sum(greatest(g.gap_ns, 0)) AS idle_ns, count(*) AS gaps,
        100.0 * sum(greatest(g.gap_ns, 0)) / nullif(any_value(s.span_ns), 0) AS idle_pct
 FROM gaps g JOIN span s USING (run, rank, stream) GROUP BY ALL;

@@ -43,14 +43,14 @@
 -- with every launch-side row without one). Ranks are ours (distributedInfo), not HTA's (the first
 -- '"rank": N' in the file text); they agree on every reference trace.
 --
--- requires: (nothing: reads the canonical tables only)
+-- requires: intervals
 
 -- Per trace file: how HTA loads it.
 -- Columns: run, rank, window_id, base_time_ns, rounds_to_us (some ts of the file, event or flow, has a
 -- fractional µs: HTA's ts column is then float64 and it rounds every row; false for every file after
 -- SET VARIABLE hta_disable_ns_rounding = true, HTA's HTA_DISABLE_NS_ROUNDING=1), n_step_names (distinct
 -- names containing 'ProfilerStep' in the run, HTA's trace set), window_applied (n_step_names >= 2).
-CREATE OR REPLACE TEMP VIEW hta_files AS
+CREATE OR REPLACE TEMP VIEW _hta_files AS
 WITH fractional AS (
     SELECT run, rank, window_id, bool_or(frac) AS frac
     FROM (SELECT e.run, e.rank, e.window_id, (e.ts_ns - r.base_time_ns) % 1000 <> 0 AS frac
@@ -77,13 +77,13 @@ FROM ranks r LEFT JOIN fractional f USING (run, rank, window_id) LEFT JOIN step_
 -- rounding, as epoch ns), hta_stream (the int value of the `stream` arg, -1 when absent or not an
 -- int), hta_correlation (correlation arg, -1 when absent), is_gpu_kernel (HTA's GPUKernelFilter:
 -- stream >= 0 and correlation >= 0, or Event Sync / Context Sync).
-CREATE OR REPLACE TEMP VIEW hta_rows AS
+CREATE OR REPLACE TEMP VIEW _hta_rows AS
 WITH loaded AS (
     SELECT e.run, e.rank, e.window_id, e.event_id, e.cat, e.name, e.ts_ns, e.dur_ns, e.correlation,
            CASE WHEN e.args_json LIKE '%"stream"%' THEN json_extract_string(e.args_json, '$.stream') END AS stream_text,
            CASE WHEN e.args_json LIKE '%"stream"%' THEN json_type(e.args_json, '$.stream') END AS stream_type,
            f.base_time_ns, f.rounds_to_us, e.ts_ns - f.base_time_ns AS rel_ns
-    FROM events e JOIN hta_files f USING (run, rank, window_id)
+    FROM events e JOIN _hta_files f USING (run, rank, window_id)
     WHERE e.ph = 'X' AND e.cat IS NOT NULL AND e.cat <> 'Trace'
       AND (e.args_json LIKE '%"stream"%' OR e.correlation IS NOT NULL OR e.name LIKE '%ProfilerStep%'
            OR e.name IN ('Event Sync', 'Context Sync'))
@@ -118,17 +118,17 @@ FROM on_hta_clock;
 CREATE OR REPLACE TEMP VIEW hta_window AS
 WITH last_step AS (
     SELECT run, rank, window_id, max(lo_ns) FILTER (WHERE name LIKE '%ProfilerStep%' AND NOT is_gpu_kernel) AS start_ns
-    FROM hta_rows GROUP BY ALL
+    FROM _hta_rows GROUP BY ALL
 )
 SELECT f.run, f.rank, f.window_id, f.rounds_to_us, f.n_step_names, f.window_applied,
        CASE WHEN f.window_applied THEN l.start_ns END AS cut_ts_ns,
        CASE WHEN f.window_applied THEN (l.start_ns - f.base_time_ns) / 1000.0 END AS cut_ts_us
-FROM hta_files f LEFT JOIN last_step l USING (run, rank, window_id);
+FROM _hta_files f LEFT JOIN last_step l USING (run, rank, window_id);
 
 -- G inside HTA's window, with HTA's kernel type: the events every number below is made of.
 -- Columns: run, rank, window_id, event_id, cat, name, kernel_type, hta_stream, lo_ns, hi_ns, dur_us.
 CREATE OR REPLACE TEMP VIEW hta_kernels AS
-WITH loaded_rows AS MATERIALIZED (SELECT * FROM hta_rows),
+WITH loaded_rows AS MATERIALIZED (SELECT * FROM _hta_rows),
 cuts AS MATERIALIZED (SELECT run, rank, window_id, window_applied, cut_ts_ns FROM hta_window),
 launch_side_kept AS (
     SELECT r.run, r.rank, r.window_id, r.hta_correlation
@@ -152,34 +152,27 @@ SELECT run, rank, window_id, event_id, cat, name,
        hta_stream, lo_ns, hi_ns, (hi_ns - lo_ns) / 1000.0 AS dur_us
 FROM in_window;
 
--- Merged intervals per kernel type, HTA's merge_kernel_intervals (step 5).
+-- Merged intervals per kernel type, HTA's merge_kernel_intervals (step 5): intervals.sql's rule is
+-- HTA's (a kernel starting after every earlier one ended opens a merged interval).
 -- Columns: run, rank, window_id, kernel_type (COMPUTATION, COMMUNICATION, MEMORY, OTHER), lo_ns, hi_ns.
-CREATE OR REPLACE TEMP VIEW hta_merged AS
-WITH largest_end_before AS (
-    SELECT run, rank, window_id, kernel_type, lo_ns, hi_ns,
-           max(hi_ns) OVER (PARTITION BY run, rank, window_id, kernel_type ORDER BY lo_ns, hi_ns, event_id
-                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_max_hi,
-           row_number() OVER (PARTITION BY run, rank, window_id, kernel_type ORDER BY lo_ns, hi_ns, event_id) AS pos
+CREATE OR REPLACE TEMP VIEW _hta_merged AS
+WITH k AS (
+    SELECT {'run': run, 'rank': rank, 'window_id': window_id, 'kernel_type': kernel_type} AS grp, lo_ns, hi_ns
     FROM hta_kernels
-),
-grouped AS (
-    SELECT *, sum(CASE WHEN lo_ns > prev_max_hi THEN 1 ELSE 0 END)
-                  OVER (PARTITION BY run, rank, window_id, kernel_type ORDER BY pos ROWS UNBOUNDED PRECEDING) AS grp
-    FROM largest_end_before
 )
-SELECT run, rank, window_id, kernel_type, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns
-FROM grouped GROUP BY run, rank, window_id, kernel_type, grp;
+SELECT grp.run AS run, grp.rank AS rank, grp.window_id AS window_id, grp.kernel_type AS kernel_type, lo_ns, hi_ns
+FROM _union_intervals(k);
 
 -- Time segments between consecutive merged-interval bounds, labelled with the types running
 -- (step 6; OTHER takes part so that the segments also give the union of G).
 -- Columns: run, rank, window_id, lo_ns, hi_ns, running (bits: 1 COMPUTATION, 2 COMMUNICATION,
 -- 4 MEMORY, 8 OTHER), kernel_type (HTA's Venn label: COMPUTATION, COMMUNICATION, MEMORY among the
 -- running ones, in that order, joined by ' overlapping '; '' when only OTHER runs).
-CREATE OR REPLACE TEMP VIEW hta_segments AS
+CREATE OR REPLACE TEMP VIEW _hta_segments AS
 WITH bounds AS (
     SELECT run, rank, window_id, lo_ns, hi_ns,
            CASE kernel_type WHEN 'COMPUTATION' THEN 1 WHEN 'COMMUNICATION' THEN 2 WHEN 'MEMORY' THEN 4 ELSE 8 END AS bit
-    FROM hta_merged
+    FROM _hta_merged
 ),
 deltas AS (
     SELECT run, rank, window_id, t, sum(d) AS d
@@ -211,7 +204,7 @@ WITH span AS (
 busy AS (
     SELECT run, rank, window_id, sum(hi_ns - lo_ns) AS busy_ns,
            coalesce(sum(hi_ns - lo_ns) FILTER (WHERE running & 1 <> 0), 0) AS compute_ns
-    FROM hta_segments GROUP BY ALL
+    FROM _hta_segments GROUP BY ALL
 ),
 times AS (
     SELECT run, rank, window_id, s.kernel_ns / 1000.0 AS kernel_time_us,
@@ -239,7 +232,7 @@ WITH times AS (
     SELECT run, rank, window_id,
            coalesce(sum(hi_ns - lo_ns) FILTER (WHERE running & 2 <> 0), 0) AS comm_ns,
            coalesce(sum(hi_ns - lo_ns) FILTER (WHERE running & 3 = 3), 0) AS overlap_ns
-    FROM hta_segments GROUP BY ALL
+    FROM _hta_segments GROUP BY ALL
 )
 SELECT run, rank, window_id, comm_ns / 1000.0 AS comm_time_us, overlap_ns / 1000.0 AS overlap_time_us,
        100.0 * overlap_ns / nullif(comm_ns, 0) AS overlap_pct,
@@ -254,7 +247,7 @@ FROM times;
 CREATE OR REPLACE TEMP VIEW hta_kernel_type_breakdown AS
 WITH regions AS (
     SELECT run, rank, window_id, kernel_type, sum((hi_ns - lo_ns) // 1000) AS sum_us
-    FROM hta_segments WHERE running & 7 <> 0 GROUP BY ALL
+    FROM _hta_segments WHERE running & 7 <> 0 GROUP BY ALL
 )
 SELECT run, rank, window_id, kernel_type, sum_us,
        100.0 * sum_us / nullif(sum(sum_us) OVER (PARTITION BY run, rank, window_id), 0) AS pct,

@@ -68,7 +68,7 @@ FROM agg;
 -- backward durations (phases.sql). Columns: run, rank, steps, fwd_bwd_corr, signal.
 CREATE OR REPLACE TEMP VIEW seqlen_signal AS
 SELECT run, rank, count(*) AS steps, corr(forward_ns, backward_ns) AS fwd_bwd_corr,
-       coalesce(corr(forward_ns, backward_ns) >= getvariable('seqlen_min_corr') AND count(*) >= 3, false) AS signal
+       coalesce(corr(forward_ns, backward_ns) >= getvariable('seqlen_min_corr') AND count(*) >= getvariable('seqlen_min_steps'), false) AS signal
 FROM step_phases GROUP BY ALL;
 
 -- MoE routing: all_to_all bytes sent and received per rank (from the recorded sizes of each

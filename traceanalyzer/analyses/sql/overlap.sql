@@ -6,7 +6,7 @@
 -- segments are joined, each is attributed to the collective that covers most of it, and the
 -- compute that ran just before and just after it is named -- what a user would move or overlap.
 --
--- requires: activity, phases, clock_offsets
+-- requires: activity, clock_offsets, intervals, phases
 
 -- Columns: run, rank, step, comm_ns, overlapped_ns, exposed_ns, compute_ns, overlap_pct,
 -- exposed_pct_of_step (exposed / step span of the rank's activity).
@@ -34,18 +34,17 @@ SELECT run, rank,
        CASE WHEN bool_or(o.op_timeline) THEN NULL ELSE
        100.0 * coalesce(sum(dur_ns) FILTER (WHERE n_comm > 0 AND n_compute > 0), 0)
              / nullif(sum(dur_ns) FILTER (WHERE n_comm > 0), 0) END AS overlap_pct
-FROM activity_window_segments
+FROM _activity_window_segments
 LEFT JOIN (SELECT DISTINCT run, rank, true AS op_timeline FROM ranks WHERE rank_source = 'op_timeline') o USING (run, rank)
 GROUP BY run, rank;
 
 -- Exposed communication intervals, all of them: consecutive exposed segments joined.
 -- Columns: run, rank, window_id, step, lo_ns, hi_ns, exposed_ns, rank_order (per run, largest first).
 CREATE OR REPLACE TEMP VIEW exposed_intervals AS
-WITH seg AS (
-    SELECT *, sum(CASE WHEN lo_ns = prev_hi THEN 0 ELSE 1 END) OVER (PARTITION BY run, rank, window_id, step ORDER BY lo_ns) AS island
-    FROM (SELECT *, lag(hi_ns) OVER (PARTITION BY run, rank, window_id, step ORDER BY lo_ns) AS prev_hi
-          FROM activity_segments WHERE label = 'comm')
-)
+WITH comm AS (
+    SELECT {'run': run, 'rank': rank, 'window_id': window_id, 'step': step} AS grp, * FROM activity_segments WHERE label = 'comm'
+),
+seg AS (SELECT * FROM _interval_islands(comm))  -- consecutive segments joined (intervals.sql)
 SELECT run, rank, window_id, step, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns, sum(dur_ns) AS exposed_ns,
        row_number() OVER (PARTITION BY run ORDER BY sum(dur_ns) DESC, rank, min(lo_ns)) AS rank_order
 FROM seg GROUP BY run, rank, window_id, step, island;
@@ -72,14 +71,14 @@ before AS (
     SELECT i.run, i.rank, i.window_id, i.lo_ns, arg_max(a.name, a.hi_ns) AS compute_before
     FROM intervals i JOIN activity_intervals a
       ON a.run = i.run AND a.rank = i.rank AND a.window_id = i.window_id AND a.category = 'compute'
-     AND a.hi_ns <= i.lo_ns AND a.hi_ns > i.lo_ns - 1000000000
+     AND a.hi_ns <= i.lo_ns AND a.hi_ns > i.lo_ns - getvariable('exposed_context_max_ns')
     GROUP BY ALL
 ),
 after AS (
     SELECT i.run, i.rank, i.window_id, i.lo_ns, arg_min(a.name, a.lo_ns) AS compute_after
     FROM intervals i JOIN activity_intervals a
       ON a.run = i.run AND a.rank = i.rank AND a.window_id = i.window_id AND a.category = 'compute'
-     AND a.lo_ns >= i.hi_ns AND a.lo_ns < i.hi_ns + 1000000000
+     AND a.lo_ns >= i.hi_ns AND a.lo_ns < i.hi_ns + getvariable('exposed_context_max_ns')
     GROUP BY ALL
 )
 SELECT i.run, i.rank, i.window_id, i.step, i.lo_ns, i.hi_ns, i.exposed_ns,

@@ -16,7 +16,7 @@
 -- Which pipeline each p2p rank belongs to: the connected component of the p2p graph, found by
 -- following edges from every rank until nothing new is reached (UNION drops what was seen).
 -- Columns: run, rank, pipeline_id (smallest global rank of the component).
-CREATE OR REPLACE TEMP VIEW pipeline_members AS
+CREATE OR REPLACE TEMP VIEW _pipeline_members AS
 WITH RECURSIVE nodes AS (SELECT DISTINCT run, rank FROM comms WHERE is_p2p),
 edges AS (
     SELECT DISTINCT c.run, c.src_rank AS a, c.dst_rank AS b FROM comms c
@@ -43,7 +43,7 @@ WITH ann AS (
            count(DISTINCT regexp_extract(name, '^Forward (\d+)$', 1)) FILTER (WHERE regexp_matches(name, '^Forward \d+$')) AS gpipe_mb,
            count(DISTINCT regexp_extract(name, '^PP:\d+F(\d+)$', 1)) FILTER (WHERE regexp_matches(name, '^PP:\d+F\d+$')) AS pp_mb,
            count(DISTINCT regexp_extract(name, '^PP:(\d+)F\d+$', 1)) FILTER (WHERE regexp_matches(name, '^PP:\d+F\d+$')) AS pp_stages
-    FROM events e JOIN pipeline_members m USING (run, rank)
+    FROM events e JOIN _pipeline_members m USING (run, rank)
     WHERE NOT is_gpu AND (name LIKE 'Forward %' OR name LIKE 'PP:%')
     GROUP BY m.run, m.pipeline_id
 ),
@@ -52,7 +52,7 @@ first_stage_sends AS (  -- sends per step of the rank that sends first (the firs
         SELECT run, pipeline_id, step, rank, n,
                row_number() OVER (PARTITION BY run, pipeline_id, step ORDER BY first_ts) AS k
         FROM (SELECT c.run, m.pipeline_id, a.aligned_step AS step, c.rank, count(*) AS n, min(c.enqueue_ts_ns) AS first_ts
-              FROM comms c JOIN pipeline_members m USING (run, rank)
+              FROM comms c JOIN _pipeline_members m USING (run, rank)
               JOIN step_alignment a USING (run, rank, window_id, step)
               WHERE c.op = 'send' GROUP BY ALL))
     WHERE k = 1 GROUP BY run, pipeline_id
@@ -63,7 +63,7 @@ shape AS (
                 WHEN coalesce(any_value(a.gpipe_mb), 0) > 0 THEN 'gpipe' ELSE '1f1b' END AS schedule,
            coalesce(nullif(any_value(a.pp_mb), 0), nullif(any_value(a.gpipe_mb), 0), any_value(f.m)) AS microbatches,
            greatest(coalesce(any_value(a.pp_stages), 0) // count(*), 1) AS stages_per_rank
-    FROM pipeline_members p LEFT JOIN ann a USING (run, pipeline_id) LEFT JOIN first_stage_sends f USING (run, pipeline_id)
+    FROM _pipeline_members p LEFT JOIN ann a USING (run, pipeline_id) LEFT JOIN first_stage_sends f USING (run, pipeline_id)
     GROUP BY p.run, p.pipeline_id
 )
 SELECT run, pipeline_id, n_stages, stages_per_rank, microbatches, schedule,
@@ -86,7 +86,7 @@ WITH first_sends AS (
 positions AS (
     SELECT f.run, f.rank, m.pipeline_id,
            row_number() OVER (PARTITION BY f.run, m.pipeline_id, f.step ORDER BY f.first_send, f.rank) AS pos
-    FROM first_sends f JOIN pipeline_members m USING (run, rank)
+    FROM first_sends f JOIN _pipeline_members m USING (run, rank)
 )
 SELECT run, rank, pipeline_id,
        row_number() OVER (PARTITION BY run, pipeline_id ORDER BY median(pos), rank) - 1 AS stage

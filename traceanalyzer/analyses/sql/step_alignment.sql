@@ -9,7 +9,7 @@
 -- How: nodes are trace windows (run, rank, window_id); two windows are linked when they share a
 -- synchronisation point, with d = (step of the first) - (step of the second), the most common d
 -- over their shared points (a collective links each member to the group's lowest member). From
--- every window we walk the links (at most 32 hops), adding up d: delta(w) is what to add to w's
+-- every window we walk the links (at most step_alignment_max_hops, 32), adding up d: delta(w) is what to add to w's
 -- step numbers to get the numbering of the window it was reached from. Each connected set of
 -- windows takes its lowest (rank, window) as the reference, and is then shifted so that the most
 -- common delta of the set is 0: ranks that agree keep their numbers, the odd ones are renumbered.
@@ -55,7 +55,7 @@ reach(run, root_rank, root_win, rank, window_id, delta, hop) AS (
     UNION
     SELECT r.run, r.root_rank, r.root_win, e.b_rank, e.b_win, r.delta + e.d, r.hop + 1
     FROM reach r JOIN both_ways e ON e.run = r.run AND e.a_rank = r.rank AND e.a_win = r.window_id
-    WHERE r.hop < 32
+    WHERE r.hop < getvariable('step_alignment_max_hops')
 ),
 component AS (  -- each window's reference: the lowest (rank, window) reaching it, by the shortest walk
     SELECT run, rank, window_id,
@@ -68,5 +68,5 @@ SELECT s.run, s.rank, s.window_id, s.step, CAST(s.step + coalesce(x.shift, 0) AS
 FROM steps s LEFT JOIN shifted x USING (run, rank, window_id);
 
 -- The steps table with each step's aligned number. Columns: those of steps, aligned_step.
-CREATE OR REPLACE TEMP VIEW aligned_steps AS
+CREATE OR REPLACE TEMP VIEW _aligned_steps AS
 SELECT s.*, a.aligned_step FROM steps s JOIN step_alignment a USING (run, rank, window_id, step);

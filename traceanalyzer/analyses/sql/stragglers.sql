@@ -23,7 +23,7 @@
 --   straggler_persistent_pct flagged in at least this % of steps -> 'persistent', else 'sporadic'
 --                            (default 50)
 --
--- requires: annotations, collectives, phases
+-- requires: annotations, collectives, intervals, phases
 
 -- Per rank and step: the delay it imposed on its peers.
 -- Columns: run, rank, step, n_collectives (where it arrived last), imposed_wait_ns (sum over
@@ -50,17 +50,12 @@ waits AS (
 ),
 islands AS (
     -- concurrent collectives (DDP buckets, several groups) wait at the same time: merge each
-    -- peer's waits for one straggler so that the same wall time is counted once
-    SELECT *, sum(new_island) OVER (PARTITION BY run, step, rank, peer ORDER BY lo, hi) AS island
-    FROM (SELECT *, CASE WHEN lo <= max(hi) OVER (PARTITION BY run, step, rank, peer ORDER BY lo, hi
-                                                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
-                         THEN 0 ELSE 1 END AS new_island
-          FROM waits)
+    -- peer's waits for one straggler (intervals.sql) so that the same wall time is counted once
+    SELECT {'run': run, 'step': step, 'rank': rank, 'peer': peer} AS grp, lo AS lo_ns, hi AS hi_ns FROM waits
 ),
 per_peer AS (
-    SELECT run, step, rank, peer, sum(hi - lo) AS wait_ns
-    FROM (SELECT run, step, rank, peer, island, min(lo) AS lo, max(hi) AS hi, count(*) AS n
-          FROM islands GROUP BY ALL) GROUP BY ALL
+    SELECT grp.run AS run, grp.step AS step, grp.rank AS rank, grp.peer AS peer, sum(hi_ns - lo_ns) AS wait_ns
+    FROM _union_intervals(islands) GROUP BY ALL
 ),
 imposed AS (
     SELECT p.run, p.rank, p.step, sum(p.wait_ns) AS imposed_wait_ns,
@@ -86,7 +81,7 @@ LEFT JOIN arrived_last l USING (run, rank, step);
 
 -- Per rank and step: its own time per phase (phases.sql; not the sync wait) in excess of the median
 -- of the other ranks. Columns: run, rank, step, phase, ns, others_ns, excess_ns.
-CREATE OR REPLACE TEMP VIEW phase_excess AS
+CREATE OR REPLACE TEMP VIEW _phase_excess AS
 WITH own AS (
     -- the rank's own time per phase (sync, the wait for the last collectives, is left out)
     SELECT run, rank, step, forward_ns AS forward, backward_ns AS backward, optimizer_ns AS optimizer,
@@ -121,12 +116,12 @@ WITH per_rank AS (
 ),
 where_slow AS (
     SELECT run, rank, arg_max(phase, excess) AS phase, max(excess) AS phase_excess_ns_per_step
-    FROM (SELECT run, rank, phase, median(excess_ns) AS excess FROM phase_excess GROUP BY ALL)
+    FROM (SELECT run, rank, phase, median(excess_ns) AS excess FROM _phase_excess GROUP BY ALL)
     GROUP BY ALL
 ),
 where_named AS (  -- per rank and phase: the range with the largest median excess (> 0)
     SELECT run, rank, phase, arg_max(name, excess) AS annotation, max(excess) AS annotation_excess_ns_per_step
-    FROM (SELECT run, rank, phase, name, median(excess_ns) AS excess FROM user_annotation_excess GROUP BY ALL)
+    FROM (SELECT run, rank, phase, name, median(excess_ns) AS excess FROM _user_annotation_excess GROUP BY ALL)
     WHERE excess > 0
     GROUP BY ALL
 )

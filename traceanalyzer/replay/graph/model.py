@@ -66,15 +66,14 @@ class Graph:
 
 
 def merge_intervals(iv) -> np.ndarray:
-    """Sorted, disjoint union of (start, end) intervals (an (n, 2) array; empty stays empty)."""
+    """Sorted, disjoint union of (start, end) intervals (an (n, 2) array; empty stays empty): the
+    one interval-union rule of the package (the SQL modules' is ``analyses/sql/intervals.sql``):
+    in order of start, an interval opens a new one when it starts after every earlier one ended;
+    one starting exactly where an earlier one ends joins it."""
     iv = np.asarray(iv)
     if not len(iv):
         return iv.reshape(0, 2)
     iv = iv[np.argsort(iv[:, 0], kind="stable")]
-    merged = [list(iv[0])]
-    for a, e in iv[1:]:
-        if a <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], e)
-        else:
-            merged.append([a, e])
-    return np.asarray(merged, dtype=iv.dtype)
+    lo, hi = iv[:, 0], iv[:, 1]
+    idx = np.flatnonzero(np.concatenate([[True], lo[1:] > np.maximum.accumulate(hi)[:-1]]))
+    return np.column_stack([lo[idx], np.maximum.reduceat(hi, idx)]).astype(iv.dtype, copy=False)
