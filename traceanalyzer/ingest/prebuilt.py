@@ -115,6 +115,7 @@ def write_parts(trace_path: str | Path, rank_arg: int | None = None, fr_path: st
     sig = signature(trace_path)
     built, shapes_on, info, fr_used = build_trace(str(trace_path), rank_arg, fr_path)
     tmp_root = out.parent / f".tmp-{uuid.uuid4().hex}"
+    tmp_root.mkdir(parents=True)    # _stage writes into an existing staging folder only
     summary = _stage(str(trace_path), built, str(tmp_root), shapes_on)
     (folder,) = [p for p in tmp_root.iterdir()]
     doc = {"parts_version": PARTS_VERSION, "schema_version": S.SCHEMA_VERSION, "trace": trace_path.name,

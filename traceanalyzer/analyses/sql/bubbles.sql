@@ -76,10 +76,12 @@ charged AS (  -- the part of each gap during which a receive was pending (or the
         WHERE g.kind = 'gap')
     WHERE c_hi > c_lo
 ),
+charged_keyed AS (SELECT {'run': run, 'rank': rank, 'step': step, 'lo': lo_ns, 'hi': hi_ns} AS grp,
+                         c_lo AS lo_ns, c_hi AS hi_ns, src_rank FROM charged),
 charged_islands AS (  -- the union of the charged parts of a gap (several sends and receives may overlap)
-    SELECT *, sum(CASE WHEN c_lo <= prev_hi THEN 0 ELSE 1 END) OVER (PARTITION BY run, rank, step, lo_ns ORDER BY c_lo, c_hi) AS island
-    FROM (SELECT *, max(c_hi) OVER (PARTITION BY run, rank, step, lo_ns ORDER BY c_lo, c_hi
-                                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_hi FROM charged)
+    SELECT grp.run AS run, grp.rank AS rank, grp.step AS step, grp.lo AS lo_ns, grp.hi AS hi_ns, src_rank,
+           lo_ns AS c_lo, hi_ns AS c_hi, island
+    FROM _interval_islands(charged_keyed)
 ),
 per_gap AS (  -- the stall: the union of the charged parts, charged to the peer of its longest island
     SELECT run, rank, step, lo_ns, hi_ns, arg_max(src_rank, ns) AS src_rank, least(sum(ns), hi_ns - lo_ns) AS stall_ns

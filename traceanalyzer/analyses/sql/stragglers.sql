@@ -23,7 +23,7 @@
 --   straggler_persistent_pct flagged in at least this % of steps -> 'persistent', else 'sporadic'
 --                            (default 50)
 --
--- requires: annotations, collectives, intervals, phases
+-- requires: activity, annotations, collectives, intervals, phases
 
 -- Per rank and step: the delay it imposed on its peers.
 -- Columns: run, rank, step, n_collectives (where it arrived last), imposed_wait_ns (sum over
@@ -79,8 +79,45 @@ FROM all_rank_steps a JOIN step_time t USING (run, step)
 LEFT JOIN imposed i USING (run, rank, step)
 LEFT JOIN arrived_last l USING (run, rank, step);
 
--- Per rank and step: its own time per phase (phases.sql; not the sync wait) in excess of the median
--- of the other ranks. Columns: run, rank, step, phase, ns, others_ns, excess_ns.
+-- Per rank, step and phase: the time the rank sat blocked in a collective waiting for its last
+-- member -- between its own call and the last member's arrival, with none of its compute running
+-- (FSDP's all_gather in forward blocks the rank; DDP's all_reduce runs beside backward and blocks
+-- nothing). Columns: run, rank, step, phase, wait_ns.
+CREATE OR REPLACE TEMP VIEW _collective_blocked AS
+WITH last AS (
+    SELECT run, coalesce(pg_name, '?') AS pg, seq, max(start_ts_ns) AS last_ns, arg_max(rank, start_ts_ns) AS last_rank
+    FROM comms WHERE NOT is_p2p AND seq IS NOT NULL GROUP BY ALL
+),
+w AS (
+    SELECT {'run': c.run, 'rank': c.rank} AS grp, c.enqueue_ts_ns AS lo_ns, l.last_ns AS hi_ns
+    FROM comms c JOIN last l ON l.run = c.run AND l.pg = coalesce(c.pg_name, '?') AND l.seq = c.seq
+    WHERE NOT c.is_p2p AND c.enqueue_ts_ns IS NOT NULL AND l.last_rank <> c.rank AND l.last_ns > c.enqueue_ts_ns
+),
+u AS (SELECT grp.run AS run, grp.rank AS rank, lo_ns, hi_ns FROM _union_intervals(w)),
+ph AS (
+    SELECT run, rank, step, 'forward' AS phase, step_start_ns AS lo, step_start_ns + forward_ns AS hi FROM step_phases
+    UNION ALL
+    SELECT run, rank, step, 'backward', step_start_ns + forward_ns, step_start_ns + forward_ns + backward_ns FROM step_phases
+    UNION ALL
+    SELECT run, rank, step, 'optimizer', step_end_ns - optimizer_ns, step_end_ns FROM step_phases
+),
+clip AS (
+    SELECT p.run, p.rank, p.step, p.phase, greatest(u.lo_ns, p.lo) AS lo, least(u.hi_ns, p.hi) AS hi
+    FROM u JOIN ph p ON p.run = u.run AND p.rank = u.rank AND u.lo_ns < p.hi AND u.hi_ns > p.lo
+),
+busy AS (  -- compute inside each clipped wait (activity segments are disjoint)
+    SELECT c.run, c.rank, c.step, c.phase, c.lo, sum(least(a.hi_ns, c.hi) - greatest(a.lo_ns, c.lo)) AS busy_ns
+    FROM clip c JOIN activity_segments a
+      ON a.run = c.run AND a.rank = c.rank AND a.n_compute > 0 AND a.lo_ns < c.hi AND a.hi_ns > c.lo
+    GROUP BY ALL
+)
+SELECT c.run, c.rank, c.step, c.phase, sum(c.hi - c.lo - coalesce(b.busy_ns, 0)) AS wait_ns
+FROM clip c LEFT JOIN busy b USING (run, rank, step, phase, lo)
+GROUP BY ALL;
+
+-- Per rank and step: its own time per phase (phases.sql; not the sync wait, nor the time it sat
+-- blocked in a collective waiting for a late peer, _collective_blocked) in excess of the median of
+-- the other ranks. Columns: run, rank, step, phase, ns, others_ns, excess_ns.
 CREATE OR REPLACE TEMP VIEW _phase_excess AS
 WITH own AS (
     -- the rank's own time per phase (sync, the wait for the last collectives, is left out)
@@ -88,7 +125,11 @@ WITH own AS (
            data_loading_ns AS data_loading
     FROM step_phases
 ),
-long AS (UNPIVOT own ON forward, backward, optimizer, data_loading INTO NAME phase VALUE ns),
+long AS (
+    SELECT l.run, l.rank, l.step, l.phase, l.ns - coalesce(b.wait_ns, 0) AS ns
+    FROM (UNPIVOT own ON forward, backward, optimizer, data_loading INTO NAME phase VALUE ns) l
+    LEFT JOIN _collective_blocked b USING (run, rank, step, phase)
+),
 others AS (
     SELECT a.run, a.rank, a.step, a.phase, a.ns, median(b.ns) AS others_ns
     FROM long a JOIN long b ON a.run = b.run AND a.step = b.step AND a.phase = b.phase AND a.rank <> b.rank
