@@ -107,7 +107,8 @@ def check_files(run: Run) -> None:
         m = _json(run.folder / f"rank{r}.manifest.json")
         assert m["exit"] == "ok"
         assert m["files"] == {"traces": [f"rank{r}.window0.pt.trace.json.gz"],
-                              "flight_recorder": f"rank{r}.fr.json"}
+                              "flight_recorder": f"rank{r}.fr.json",
+                              "parquet": [f"parquet/rank={r}/window=0"]}  # converted on its rank
         assert (run.folder / m["files"]["traces"][0]).is_file()
         assert (run.folder / m["files"]["flight_recorder"]).is_file()
     ranks = run.con.execute("SELECT DISTINCT rank FROM ranks ORDER BY rank").fetchall()
