@@ -70,9 +70,9 @@ def test_cluster_ingest_stores_the_same_rows(stores):
     assert diff["ranks"][0] == 8  # 4 + 4 trace files
 
 
-#: Columns that differ between two analyses of the *same* store: imbalance_ops.max_rank is
-#: mode(max_rank) over the steps, and DuckDB picks any of several equally frequent ranks.
-TIES = {"imbalance_ops": ("max_rank",)}
+#: Columns that may differ between two analyses of the *same* store: none (imbalance_ops.max_rank
+#: was mode(), which picks any of equally frequent ranks; ties now go to the lowest rank).
+TIES: dict[str, tuple] = {}
 
 
 @needs_dask

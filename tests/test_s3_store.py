@@ -74,10 +74,9 @@ def _objects(prefix: str) -> dict[str, str]:
     return {o["Key"]: o["ETag"] for page in pages for o in page.get("Contents", [])}
 
 
-#: Columns an analysis fills non-deterministically, whatever the store: imbalance.sql's
-#: ``mode(max_rank)`` picks any of two ranks that were the slowest equally often (ranks 1 and 3
-#: for gloo:all_reduce in this run, 3 steps each), so two analyses of one store may differ there.
-UNSTABLE = {"result_imbalance_ops": "max_rank"}
+#: Columns an analysis fills non-deterministically: none (imbalance_ops.max_rank, once mode() over
+#: two equally frequent ranks, breaks the tie by the lowest rank).
+UNSTABLE: dict[str, str] = {}
 
 
 def _rows(con, view: str, run: str):

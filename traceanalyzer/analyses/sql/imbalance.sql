@@ -61,7 +61,7 @@ agg AS (
 )
 SELECT *, ratio_to_mean >= getvariable('imbalance_min_ratio')
           AND coalesce(excess_pct, 100) >= getvariable('imbalance_min_excess_pct') AS is_finding,
-       row_number() OVER (PARTITION BY run ORDER BY excess_ns_per_step DESC) AS rank_order
+       row_number() OVER (PARTITION BY run ORDER BY excess_ns_per_step DESC, rank) AS rank_order
 FROM agg;
 
 -- Sequence-length imbalance signal: per rank, the correlation across steps of its forward and
@@ -105,9 +105,14 @@ per_step AS (
     SELECT p.run, p.step, p.category, p.name, sum(p.ns) / any_value(r.n) AS mean_ns, max(p.ns) AS max_ns,
            arg_max(p.rank, p.ns) AS max_rank, any_value(r.n) AS n_ranks
     FROM per_rank p JOIN ranks_per_run r USING (run) GROUP BY p.run, p.step, p.category, p.name
+),
+most_often AS (  -- the rank with the most, most often; a tie goes to the lowest rank (mode() picks any)
+    SELECT run, category, name, first(max_rank ORDER BY n DESC, max_rank) AS max_rank
+    FROM (SELECT run, category, name, max_rank, count(*) AS n FROM per_step WHERE n_ranks > 1 GROUP BY ALL)
+    GROUP BY ALL
 )
-SELECT run, category, name, any_value(n_ranks) AS n_ranks, median(mean_ns) AS mean_ns_per_step,
-       median(max_ns) AS max_ns_per_step, mode(max_rank) AS max_rank,
-       median(max_ns / nullif(mean_ns, 0)) AS max_over_mean, median(max_ns - mean_ns) AS excess_ns_per_step,
-       row_number() OVER (PARTITION BY run ORDER BY median(max_ns - mean_ns) DESC) AS rank_order
-FROM per_step WHERE n_ranks > 1 GROUP BY run, category, name;
+SELECT s.run, s.category, s.name, any_value(s.n_ranks) AS n_ranks, median(s.mean_ns) AS mean_ns_per_step,
+       median(s.max_ns) AS max_ns_per_step, any_value(m.max_rank) AS max_rank,
+       median(s.max_ns / nullif(s.mean_ns, 0)) AS max_over_mean, median(s.max_ns - s.mean_ns) AS excess_ns_per_step,
+       row_number() OVER (PARTITION BY s.run ORDER BY median(s.max_ns - s.mean_ns) DESC, s.category, s.name) AS rank_order
+FROM per_step s JOIN most_often m USING (run, category, name) WHERE s.n_ranks > 1 GROUP BY s.run, s.category, s.name;
