@@ -11,7 +11,7 @@
 -- Every comparison between stages (slow stage, stall causes) stays inside one pipeline. Steps are
 -- aligned (step_alignment.sql): a stall is charged to the peer's same iteration.
 --
--- requires: activity, intervals, pipelines, step_alignment
+-- requires: activity, clock_offsets, collectives, intervals, pipelines, step_alignment
 
 -- Idle stretches of each stage in each step, classified.
 -- Columns: run, rank, stage, step, kind (warmup/cooldown/stall/other), caused_by_rank (stalls),
@@ -47,12 +47,11 @@ pending AS (  -- when each receive (or send, or collective) was outstanding, and
     -- a collective with the stage's data-parallel (or other) peers: waiting in it for the last peer
     -- to arrive is a stall charged to that peer (a fast replica waits for the slow one), not the
     -- stage's own time; the transfer after the last arrival is the same for every member
-    SELECT c.run, c.rank, m.last_rank, false, c.enqueue_ts_ns, c.enqueue_ts_ns + c.enqueue_dur_ns, m.last_ns
-    FROM comms c JOIN (SELECT run, coalesce(pg_name, '?') AS pg, seq, max(start_ts_ns) AS last_ns,
-                              arg_max(rank, start_ts_ns) AS last_rank
-                       FROM comms WHERE NOT is_p2p AND seq IS NOT NULL GROUP BY ALL) m
-      ON m.run = c.run AND m.pg = coalesce(c.pg_name, '?') AND m.seq = c.seq
-    WHERE NOT c.is_p2p AND c.enqueue_ts_ns IS NOT NULL AND m.last_rank <> c.rank AND m.last_ns > c.enqueue_ts_ns
+    SELECT r.run, r.rank, i.last_arriver, false, r.arrival_ns - coalesce(o.offset_ns, 0),
+           r.arrival_ns - coalesce(o.offset_ns, 0), r.arrival_ns - coalesce(o.offset_ns, 0) + r.wait_ns
+    FROM collective_ranks r JOIN collective_instances i USING (run, pg, seq)
+    LEFT JOIN clock_offsets o ON o.run = r.run AND o.rank = r.rank
+    WHERE r.wait_ns > 0   -- on the rank's own clock (collectives.sql aligns clocks; pipeline_idle does not)
 ),
 calls AS (SELECT run, rank, enqueue_ts_ns AS ts_ns FROM comms WHERE enqueue_ts_ns IS NOT NULL),
 pending_next AS (  -- a send, and the rank's first communication call after the send completed

@@ -23,7 +23,7 @@
 --   straggler_persistent_pct flagged in at least this % of steps -> 'persistent', else 'sporadic'
 --                            (default 50)
 --
--- requires: activity, annotations, collectives, intervals, phases
+-- requires: activity, annotations, clock_offsets, collectives, intervals, phases
 
 -- Per rank and step: the delay it imposed on its peers.
 -- Columns: run, rank, step, n_collectives (where it arrived last), imposed_wait_ns (sum over
@@ -84,14 +84,11 @@ LEFT JOIN arrived_last l USING (run, rank, step);
 -- (FSDP's all_gather in forward blocks the rank; DDP's all_reduce runs beside backward and blocks
 -- nothing). Columns: run, rank, step, phase, wait_ns.
 CREATE OR REPLACE TEMP VIEW _collective_blocked AS
-WITH last AS (
-    SELECT run, coalesce(pg_name, '?') AS pg, seq, max(start_ts_ns) AS last_ns, arg_max(rank, start_ts_ns) AS last_rank
-    FROM comms WHERE NOT is_p2p AND seq IS NOT NULL GROUP BY ALL
-),
-w AS (
-    SELECT {'run': c.run, 'rank': c.rank} AS grp, c.enqueue_ts_ns AS lo_ns, l.last_ns AS hi_ns
-    FROM comms c JOIN last l ON l.run = c.run AND l.pg = coalesce(c.pg_name, '?') AND l.seq = c.seq
-    WHERE NOT c.is_p2p AND c.enqueue_ts_ns IS NOT NULL AND l.last_rank <> c.rank AND l.last_ns > c.enqueue_ts_ns
+WITH w AS (  -- from its arrival to the last member's, on the rank's own clock (the offset taken back out)
+    SELECT {'run': r.run, 'rank': r.rank} AS grp, r.arrival_ns - coalesce(o.offset_ns, 0) AS lo_ns,
+           r.arrival_ns - coalesce(o.offset_ns, 0) + r.wait_ns AS hi_ns
+    FROM collective_ranks r LEFT JOIN clock_offsets o ON o.run = r.run AND o.rank = r.rank
+    WHERE r.wait_ns > 0
 ),
 u AS (SELECT grp.run AS run, grp.rank AS rank, lo_ns, hi_ns FROM _union_intervals(w)),
 ph AS (
