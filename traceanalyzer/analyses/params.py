@@ -63,7 +63,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     _s("launch_delay_outlier_min_ns", 100_000, "a launch delay (less a detected clock offset) longer than this is an outlier ('delay_outliers')"),
     _s("idle_kernel_wait_ns", 30_000, "a gap between kernels of a stream shorter than this is 'kernel wait' (HTA: 30 us)"),
     _s("p2p_wait_max_tail_ns", 1_000_000, "a pipeline gap under an open send is a wait on it (a stall) up to the send's completion only when the stage's next call follows it within this many ns (else only the send call is; the rest is the stage's own time)"),
-    _s("finding_min_steps_pct", 75.0, "a slow stage (imbalanced rank) is a finding only when its own time exceeds its peers' (its compute is imbalance_min_ratio x the mean) in at least this % of the steps (one noisy step of a healthy run is not a fault)"),
+    _s("finding_min_steps_pct", 75.0, "a slow stage is a finding only when its own time exceeds its peers' in at least this % of the steps (one noisy step of a healthy run is not a fault)"),
     _s("slow_stage_min_excess_pct", 10.0, "a pipeline stage is slow when its own time exceeds the other stages' median by this % of the step"),
     _s("exposed_top", 20, "exposed-communication intervals attributed (collective, compute before/after) per run"),
     _s("exposed_context_max_ns", 1_000_000_000, "the compute before/after an exposed interval is looked for within this many ns of it"),

@@ -10,9 +10,6 @@
 --                             of the ranks (median over steps) (default 1.1)
 --   imbalance_min_excess_pct  ... and the excess over the mean is at least this % of the median
 --                             step time (default 5)
---   finding_min_steps_pct     ... and its compute is at least imbalance_min_ratio x the mean in this
---                             % of the steps (default 75: a rank given more work has it every step;
---                             two steps of contention on a shared host do not make an imbalance)
 --   seqlen_min_corr           forward and backward durations correlated at least this much across
 --                             steps suggest sequence-length imbalance (default 0.9)
 --
@@ -59,14 +56,11 @@ agg AS (
     SELECT r.run, r.rank, median(r.compute_ns) AS compute_ns_per_step, median(r.ratio) AS ratio_to_mean,
            median(r.excess_ns) AS excess_ns_per_step,
            100.0 * median(r.excess_ns) / nullif(any_value(t.step_ns), 0) AS excess_pct,
-           count(*) AS steps, count(*) FILTER (WHERE r.is_max) AS steps_max,
-           count(*) FILTER (WHERE r.ratio >= getvariable('imbalance_min_ratio')) AS _steps_over
+           count(*) AS steps, count(*) FILTER (WHERE r.is_max) AS steps_max
     FROM rel r LEFT JOIN step_time t USING (run) GROUP BY ALL
 )
-SELECT * EXCLUDE (_steps_over),
-       ratio_to_mean >= getvariable('imbalance_min_ratio')
-          AND coalesce(excess_pct, 100) >= getvariable('imbalance_min_excess_pct')
-          AND 100.0 * _steps_over >= getvariable('finding_min_steps_pct') * steps AS is_finding,
+SELECT *, ratio_to_mean >= getvariable('imbalance_min_ratio')
+          AND coalesce(excess_pct, 100) >= getvariable('imbalance_min_excess_pct') AS is_finding,
        row_number() OVER (PARTITION BY run ORDER BY excess_ns_per_step DESC, rank) AS rank_order
 FROM agg;
 
