@@ -110,15 +110,7 @@ def profile(out_dir: str | Path, run: str | None = None, wait: int = 1, warmup: 
     from torch.profiler import ProfilerActivity, schedule
 
     enable_flight_recorder()  # effective only if no process group exists yet
-    dist = _dist()
-    rank = dist.get_rank() if dist else int(os.environ.get("RANK", 0))
-    run = _resolve_run_id(run)
-    folder = files.run_dir(out_dir, run)
-    folder.mkdir(parents=True, exist_ok=True)
-    if dist:
-        dist.barrier()  # all ranks read their clocks at (nearly) the same instant
-    clock = manifest.clock_pair()
-
+    rank, run, folder, clock = _start(out_dir, run)
     collector = Collector(run, folder, rank, Converter(rank, keep_json, parquet_wait_s) if parquet else None)
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
@@ -130,10 +122,30 @@ def profile(out_dir: str | Path, run: str | None = None, wait: int = 1, warmup: 
         record_shapes=record_shapes,
     )
     collector._prof = prof
+    with _recorded(collector, clock, layout, ground_truth, store), prof:
+        yield collector
+
+
+def _start(out_dir, run) -> tuple:
+    """This rank, the run every rank agrees on, its folder, and the clock pair read by all ranks
+    at (nearly) the same instant (after a barrier)."""
+    dist = _dist()
+    rank = dist.get_rank() if dist else int(os.environ.get("RANK", 0))
+    run = _resolve_run_id(run)
+    folder = files.run_dir(out_dir, run)
+    folder.mkdir(parents=True, exist_ok=True)
+    if dist:
+        dist.barrier()
+    return rank, run, folder, manifest.clock_pair()
+
+
+@contextlib.contextmanager
+def _recorded(collector: Collector, clock, layout, ground_truth, store) -> Iterator[None]:
+    """Around the training loop: the outputs and manifests at exit, error exits included (the
+    exit status says which), then, after a clean exit, the run committed to ``store``."""
     exit_status = "ok"
     try:
-        with prof:
-            yield collector
+        yield
     except BaseException as exc:
         exit_status = f"error: {type(exc).__name__}: {exc}"
         raise
@@ -196,22 +208,7 @@ def _write_outputs(collector: Collector, clock: dict[str, int], exit_status: str
 @contextlib.contextmanager
 def _light(out_dir, run, layout, ground_truth, store, coords) -> Iterator[Collector]:
     """``profile(op_timeline=True)``: the loop's own phases, no profiler, no FR dump."""
-    dist = _dist()
-    rank = dist.get_rank() if dist else int(os.environ.get("RANK", 0))
-    run = _resolve_run_id(run)
-    folder = files.run_dir(out_dir, run)
-    folder.mkdir(parents=True, exist_ok=True)
-    if dist:
-        dist.barrier()
-    clock = manifest.clock_pair()
+    rank, run, folder, clock = _start(out_dir, run)
     collector = Collector(run, folder, rank, timeline=OpTimeline(rank, **dict(coords or {})))
-    exit_status = "ok"
-    try:
+    with _recorded(collector, clock, layout, ground_truth, store):
         yield collector
-    except BaseException as exc:
-        exit_status = f"error: {type(exc).__name__}: {exc}"
-        raise
-    finally:
-        _write_outputs(collector, clock, exit_status, layout, ground_truth)
-    if store is not None:
-        _ingest_run(collector, store)
