@@ -193,3 +193,19 @@ class Straggler(torch.nn.Module):
             else:
                 time.sleep(self.delay_s)
         return self.model(*inputs)
+
+
+def all_reduce_grads(stage_params: list[list[torch.nn.Parameter]], group, dp: int) -> None:
+    """Average each group of parameters' gradients (a pipeline stage's) over the DP ``group``: one flat
+    all_reduce per group, as the PP x DP workloads do after the pipeline step."""
+    for params in stage_params:
+        grads = [p.grad for p in params if p.grad is not None]
+        if not grads:
+            continue
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=group)
+        flat /= dp
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            offset += g.numel()

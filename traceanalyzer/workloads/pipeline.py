@@ -134,21 +134,6 @@ def _new_groups(world: int, dp: int, rank: int):
     return mine[0][rank // pp], mine[1][rank % pp]
 
 
-def _all_reduce_grads(stage_params: list[list[torch.nn.Parameter]], group, dp: int) -> None:
-    """Average each stage's gradients over its DP group: one flat all_reduce per stage."""
-    for params in stage_params:
-        grads = [p.grad for p in params if p.grad is not None]
-        if not grads:
-            continue
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=group)
-        flat /= dp
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
-            offset += g.numel()
-
-
 def _faults(args: argparse.Namespace, n_stages: int, pp: int, dp: int, placement: list[int]) -> list[dict]:
     """The injected faults for the manifest, with where they are: a slow stage (on every replica's
     rank holding it), a slow worker (its global rank, replica and stages), an uneven partition.
@@ -240,7 +225,7 @@ def run(args: argparse.Namespace) -> None:
             schedule.step(*([x] if has_first else []), target=y if has_last else None,
                           losses=losses if has_last else None)
             if dp > 1:
-                _all_reduce_grads(stage_params, dp_group, dp)
+                common.all_reduce_grads(stage_params, dp_group, dp)
             opt.step()
             prof.step()
     dist.destroy_process_group()

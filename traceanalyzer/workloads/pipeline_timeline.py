@@ -88,14 +88,7 @@ def _loop(args, prof, model, opt, data, act_shape, first, last, dp, dp_group) ->
                     dist.send(inputs[mb].grad, dst=prev)
         if dp > 1:
             with tl.op("grads-all-reduce", step):
-                grads = [p.grad for p in model.parameters() if p.grad is not None]
-                flat = torch.cat([g.reshape(-1) for g in grads])
-                dist.all_reduce(flat, group=dp_group)
-                flat /= dp
-                offset = 0
-                for g in grads:
-                    g.copy_(flat[offset:offset + g.numel()].view_as(g))
-                    offset += g.numel()
+                common.all_reduce_grads([list(model.parameters())], dp_group, dp)
         with tl.op("optimizer", step):
             opt.step()
         prof.step()
