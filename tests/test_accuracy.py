@@ -134,9 +134,11 @@ def test_wrong_analyses_score_lower(scored):
     assert "| overall |" in sc.render(right)
 
 
-@pytest.mark.xfail(strict=True, reason="not met yet: 'idealise rank 1' predicts ~84 ms against the twin's 39 ms "
-                                      "(the slow run's own step 162 ms): the peers' gloo send spans, open until "
-                                      "their lazy wait, keep the slow rank's timeline; see benchmarks/RESULTS.md")
+@pytest.mark.xfail(strict=True, reason="not met on this recording: 'idealise rank 1' predicts ~77 ms against the "
+                                      "twin's 39 ms; its step 3 alone predicts 36 ms, steps 2 and 4 hold hiccups of "
+                                      "ranks that are not the culprit (a 61 ms send 0->1 after both arrived, a 41 ms "
+                                      "aten::linear on rank 0) that idealising rank 1 cannot remove; see "
+                                      "benchmarks/RESULTS.md for the corpus")
 def test_pipeline_whatif_matches_the_clean_twin(scored):
     """'Idealise rank 1' on the 1F1B run whose rank 1 sleeps: the predicted step against the clean
     twin's measured step (target: max(10 %, 2 x the run-to-run spread); see benchmarks/RESULTS.md)."""

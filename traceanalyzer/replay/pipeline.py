@@ -46,9 +46,11 @@ Identity (``identity_ns``) is this model run with the recorded schedule and micr
 same code path and cost rules as the prediction, so its error is a real model error. A what-if with
 more micro-batches than recorded gives the new ones each stage's median forward/backward of the step.
 Steps run back to back as in the recorded loop, after one warm-up step (the first step's costs)
-started at each rank's recorded start of the first step. Not modelled: ranks sharing a core (the
-4-rank traces on 2 cores: one rank's compute delays the other's), a different micro-batch size,
-re-partitioning the layers into another number of stages per rank.
+started at each rank's recorded start of the first step. Another number of model chunks per rank
+(1F1B <-> Interleaved1F1B) re-cuts each rank's work evenly between its chunks
+(``StageCosts.repartitioned``), one message per chunk boundary at the recorded p2p cost. Not
+modelled: ranks sharing a core (the 4-rank traces on 2 cores: one rank's compute delays the
+other's), a different micro-batch size, a partition other than even within a rank.
 """
 from __future__ import annotations
 
@@ -194,17 +196,16 @@ def predict(store_or_con, run: str | None = None, schedule: str | None = None, m
     sched = schedule or c.schedule
     m = int(c.microbatches if microbatches is None else microbatches)
     v = int(stages_per_rank if stages_per_rank is not None else (c.stages_per_rank if sched == c.schedule else 1))
-    if v != c.stages_per_rank:
-        raise TraceAnalyzerError(f"pipeline what-if: run '{c.run}' has {c.stages_per_rank} stage(s) per rank; "
-                                 f"re-partitioning the model into {v} is not modelled")
     per_step = c.steps.groupby("step")["rank"].nunique()
     steps = sorted(per_step.index[per_step == c.n_ranks])    # steps every pipeline rank recorded
     if not steps:
         raise TraceAnalyzerError(f"pipeline what-if: run '{c.run}' has no step recorded on all {c.n_ranks} pipeline ranks")
     rec = schedule_order(c.schedule, c.n_ranks, c.microbatches, c.stages_per_rank)
     new = schedule_order(sched, c.n_ranks, m, v)
+    # another number of model chunks per rank: the same work re-cut (StageCosts.repartitioned)
+    cn = c if v == c.stages_per_rank else c.repartitioned(v)
     ident, _ = simulate_schedule(c, rec, steps, c.schedule)
-    pred, tl = simulate_schedule(c, new, steps, sched)
+    pred, tl = simulate_schedule(cn, new, steps, sched)
     out = c.steps[["rank", "step", "measured_ns", "own_ns"]].rename(columns={"own_ns": "measured_own_ns"})
     out = out.merge(ident[["rank", "step", "sim_ns", "own_ns"]].rename(columns={"sim_ns": "identity_ns", "own_ns": "identity_own_ns"}),
                     on=["rank", "step"])

@@ -3,7 +3,7 @@ stage), the host work around them, and the p2p costs (what is measured: replay/p
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import pandas as pd
@@ -39,6 +39,25 @@ class StageCosts:
         transfers stay in it), else the run's median."""
         v = [x for s, x in self.p2p_samples.get(kind, ()) if s == step]
         return int(np.mean(v)) if v else int(self.p2p_ns[kind])
+
+    def repartitioned(self, stages_per_rank: int) -> StageCosts:
+        """The same work cut into ``stages_per_rank`` model chunks per rank (interleaved placement:
+        chunk j of rank position r is stage j * p + r). A rank's forward (backward) of a micro-batch
+        is shared evenly between its chunks -- the model assumption: its layers split evenly -- and
+        each chunk's activations (gradients) cost one message of the recorded size; the host work
+        around the actions and the overhead per action are the recorded ones."""
+        v, p = int(stages_per_rank), self.n_ranks
+        if v < 1:
+            raise ValueError(f"stages_per_rank must be >= 1 (got {v})")
+        a = self.actions.assign(pos=self.actions["stage"] % p)
+        merged = a.groupby(["rank", "step", "pos", "kind", "mb"], as_index=False).agg(
+            start_ns=("start_ns", "min"), end_ns=("end_ns", "max"), cost_ns=("cost_ns", "sum"))
+        parts = []
+        for j in range(v):
+            share = merged["cost_ns"] // v + (merged["cost_ns"] % v if j == v - 1 else 0)
+            parts.append(merged.assign(stage=merged["pos"] + j * p, cost_ns=share))
+        actions = pd.concat(parts, ignore_index=True).drop(columns="pos")[list(self.actions.columns)]
+        return replace(self, stages_per_rank=v, actions=actions)
 
     def per_stage(self) -> pd.DataFrame:
         """Median per stage over steps and micro-batches: forward_ns, backward_ns; and the rank."""

@@ -54,6 +54,7 @@ from .model import (
     GAP_WAIT_MAX_TAIL_NS,
     KERNEL,
     KIND_NAMES,
+    LAZY_P2P_TRANSFER_QUANTILE,
     NO_REL,
     OP,
     PIPELINE_VIEWS,
@@ -100,7 +101,7 @@ def _build(con, run: str) -> Graph:
     t0 = time.perf_counter()
     warm_up()      # numba loads its kernels in a thread while DuckDB works
     params = {"run": run, "tail_ns": GAP_WAIT_MAX_TAIL_NS, "min_gap_ns": CROSS_THREAD_MIN_GAP_NS,
-              "sync_name": BLOCKING_SYNC_NAME, "stream_wait": STREAM_WAIT_NAME,
+              "sync_name": BLOCKING_SYNC_NAME, "transfer_q": LAZY_P2P_TRANSFER_QUANTILE, "stream_wait": STREAM_WAIT_NAME,
               "OP": OP, "GAP": GAP, "KERNEL": KERNEL, "ARRIVE": ARRIVE, "POST": POST, "SYNC": SYNC}
     s = Scratch(con, params)
     phases = {}

@@ -62,15 +62,18 @@ def finish(s: Scratch, edges, waits, posts) -> Graph:
     ms, me = _np(nd["ms"]), _np(nd["me"])
     kind = _np(nd["kind"]).astype(np.int8)
     inst = _np(nd["inst"])
-    # waits: their nodes become WAIT (duration 0) and the node after depends on what was waited for
-    w_first, w_tgt = _np(waits["first"]), _np(waits["tgt"])
-    r = w_first < w_tgt
-    kind[_ranges(n, w_first[r], w_tgt[r])] = WAIT
     # a collective on the CPU lane: the part after its last arrival is its POST
     p_lo, p_hi, p_inst = _np(posts["lo"]), _np(posts["hi"]) + 1, _np(posts["inst"])
     idx = _ranges(n, p_lo, p_hi)
     kind[idx] = POST
     inst[idx] = np.repeat(p_inst, p_hi - p_lo)
+    # waits: their nodes become WAIT (duration 0) and the node after depends on what was waited for.
+    # A wait inside another instance's POST wins: gloo p2p spans stay open on the caller thread
+    # until the work is waited for, so a send's span holds the time its thread then waited for a
+    # recv's peer to arrive -- waiting, not the send's own transfer (which a faster peer shortens)
+    w_first, w_tgt = _np(waits["first"]), _np(waits["tgt"])
+    r = w_first < w_tgt
+    kind[_ranges(n, w_first[r], w_tgt[r])] = WAIT
     dur = me - ms
     dur[(kind == WAIT) | (kind == ARRIVE) | (kind == SYNC)] = 0
     lane = _np(nd["lane"]).astype(np.int32)

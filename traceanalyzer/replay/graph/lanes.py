@@ -21,17 +21,26 @@ from .load import Scratch
 
 # waits for the completion of a collective run by a runloop thread on behalf of this thread: the
 # completion falls in a gap of the thread's top-level work and the gap ends within $tail_ns of it
-# (the thread waited for it), or the op that enqueued it still runs and ends within $tail_ns (a
-# synchronous collective, e.g. gloo's all_to_all_single: it waits from the enqueue cut on)
+# (the thread waited for it) or starts within $tail_ns of the enqueue (the thread went idle in the
+# call that enqueued it: a synchronous collective, however late the thread then woke up), or the op that enqueued it still runs and ends within $tail_ns (a
+# synchronous collective, e.g. gloo's all_to_all_single: it waits from the enqueue cut on). Not for
+# a lazily waited p2p: its wait is known (_LAZY_WAITS)
 _RUNLOOP_WAITS = """
-WITH q AS (SELECT m.rank, m.enq_tid AS tid, m."end" AS ce, m.cut, m.comm_id FROM {cm} m WHERE m.is_q),
+WITH q AS (SELECT m.rank, m.enq_tid AS tid, m."end" AS ce, m.cut, m.comm_id FROM {cm} m WHERE m.is_q AND NOT m.lazy),
 a AS (SELECT q.*, t.start, t."end" AS top_end, t.nxt FROM q ASOF JOIN {tops} t
       ON t.rank = q.rank AND t.tid = q.tid AND q.ce >= t.start)
 SELECT rank, tid, top_end AS lo, ce AS hi, 'post' AS src_kind, comm_id AS ref FROM a
-WHERE ce > top_end AND ce < nxt AND nxt - ce <= $tail_ns
+WHERE ce > top_end AND ce < nxt AND (nxt - ce <= $tail_ns OR (cut >= start AND top_end - cut <= $tail_ns))
 UNION ALL
 SELECT rank, tid, cut AS lo, ce AS hi, 'post', comm_id FROM a
 WHERE ce < top_end AND top_end - ce <= $tail_ns AND cut >= start AND cut < ce"""
+
+# a lazily waited p2p (load.py): its thread waited for it from its last activity before the span
+# ended (the wait call) to the span's end; the work after waits for the transfer (its POST)
+_LAZY_WAITS = """
+SELECT m.rank, m.lazy_tid AS tid, b.b AS lo, m.span_end AS hi, 'post' AS src_kind, m.comm_id AS ref
+FROM {cm} m ASOF JOIN {lazy_bounds} b ON b.rank = m.rank AND b.tid = m.lazy_tid AND m.span_end > b.b
+WHERE m.lazy"""
 
 # waits between the CPU threads of one rank: a gap of at least $min_gap_ns on one thread that ends
 # at most $tail_ns after another thread finished top-level work inside the gap waits for the latest
@@ -57,7 +66,8 @@ GROUP BY s.rank, s.tid, s.event_id, s.ts"""
 
 _WAITS = """
 SELECT rank, exec_tid AS tid, start AS lo, c AS hi, 'sync' AS src_kind, inst AS ref FROM {cm} WHERE on_cpu
-UNION ALL SELECT * FROM {w_runloop} UNION ALL SELECT * FROM {w_cross} UNION ALL SELECT * FROM {w_sync}"""
+UNION ALL SELECT * FROM {w_runloop} UNION ALL SELECT * FROM {w_cross} UNION ALL SELECT * FROM {w_sync}
+UNION ALL SELECT * FROM {w_lazy}"""
 
 # every point where a CPU lane is cut
 _POINTS = """
@@ -125,6 +135,7 @@ def make_lanes(s: Scratch) -> None:
     s.make("w_runloop", _RUNLOOP_WAITS)
     s.make("w_cross", _CROSS_THREAD_WAITS)
     s.make("w_sync", _SYNC_WAITS)
+    s.make("w_lazy", _LAZY_WAITS)
     s.make("waits", _WAITS)
     s.make("cpu_lanes", "SELECT rank, tid, dense_rank() OVER (ORDER BY rank, tid) - 1 AS lane "
                         "FROM (SELECT DISTINCT rank, tid FROM {tops})")

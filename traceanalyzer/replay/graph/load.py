@@ -93,14 +93,57 @@ k AS (
                    coalesce(p2p_seq::VARCHAR, '')
               ELSE 'coll|' || pg || '|' || coalesce(seq::VARCHAR, '') END AS key
     FROM c),
-f AS (SELECT *, min(pos) OVER (PARTITION BY key) AS first_pos, max(start) OVER (PARTITION BY key) AS last_arrival
-      FROM k)
-SELECT *, dense_rank() OVER (ORDER BY first_pos) - 1 AS inst,
-       least(last_arrival, greatest("end", start)) AS c,
-       NOT on_gpu AND coalesce(exec_tid = enq_tid, false) AS on_cpu,
-       NOT on_gpu AND NOT coalesce(exec_tid = enq_tid, false) AS is_q,
-       least(greatest(start, enq_ts), enq_ts + enq_dur) AS cut
-FROM f"""
+f AS (SELECT *, min(pos) OVER (PARTITION BY key) AS first_pos, max(start) OVER (PARTITION BY key) AS last_arrival,
+             min("end") OVER (PARTITION BY key) AS first_end
+      FROM k),
+-- a p2p run on its caller thread was waited for lazily (gloo's isend/irecv: the span stays open
+-- until the work is waited for, while the thread does other work) when its span outlasts its
+-- instance's first completion by more than $tail_ns (a send waited for at the end of the step) or
+-- holds the start of the thread's next communication (an irecv posted ahead of the work it feeds).
+-- It runs on a lane of its own (a queue lane, as a collective run by a runloop thread), so the
+-- thread's own work inside the span stays the thread's; its end is fixed in _LAZY_ENDS
+y AS (SELECT *, is_p2p AND NOT on_gpu AND coalesce(exec_tid = enq_tid, false)
+                AND ("end" - first_end > $tail_ns
+                     OR coalesce(lead(start) OVER (PARTITION BY rank, exec_tid ORDER BY start, comm_id) < "end", false))
+           AS lazy
+      FROM f)
+SELECT * REPLACE (CASE WHEN lazy THEN -1 - comm_id ELSE exec_tid END AS exec_tid),
+       CASE WHEN lazy THEN exec_tid END AS lazy_tid, "end" AS span_end, dense_rank() OVER (ORDER BY first_pos) - 1 AS inst,
+       least(greatest(start, enq_ts), enq_ts + enq_dur) AS cut,
+       NOT on_gpu AND coalesce(exec_tid = enq_tid, false) AND NOT lazy AS on_cpu,
+       NOT on_gpu AND (NOT coalesce(exec_tid = enq_tid, false) OR lazy) AS is_q
+FROM y"""
+
+# When a lazily waited p2p's transfer ended is not in the trace: a lazy span ends when its thread
+# came to wait for it, long after the data moved if the thread was busy. Where a receiver was
+# already waiting when the last member arrived, (first completion - last arrival) is the transfer;
+# elsewhere it is longer by however late the wait came. So the transfer of a lazily waited
+# instance is the smaller of that and the run's $transfer_q quantile of it over the p2p of the same
+# size -- the instances whose receiver was waiting
+_LAZY_ENDS = """
+WITH i AS (SELECT inst, any_value(bytes) AS bytes, any_value(last_arrival) AS la, min("end") - any_value(last_arrival) AS x,
+                  bool_or(lazy) AS lazy
+           FROM {cm0} WHERE is_p2p GROUP BY inst),
+q AS (SELECT bytes, quantile_cont(x, $transfer_q) AS typ FROM i WHERE x >= 0 GROUP BY bytes),
+d AS (SELECT i.inst, i.la + least(greatest(i.x, 0), coalesce(q.typ, greatest(i.x, 0)))::BIGINT AS done
+      FROM i LEFT JOIN q USING (bytes) WHERE i.lazy),
+e AS (SELECT m.* REPLACE (CASE WHEN m.lazy THEN greatest(coalesce(d.done, m."end"), m.start) ELSE m."end" END AS "end")
+      FROM {cm0} m LEFT JOIN d USING (inst))
+SELECT *, least(last_arrival, greatest("end", start)) AS c FROM e"""
+
+# the activity of threads with lazily waited p2p: every start of an event (nested ones too) and
+# every end but a lazy span's (that is the wait's end)
+_LAZY_BOUNDS = """
+WITH t AS (SELECT DISTINCT rank, lazy_tid AS tid FROM {cm0} WHERE lazy),
+e AS (SELECT e.rank::BIGINT AS rank, coalesce(e.tid, 0) AS tid, e.event_id, e.ts_ns + coalesce(o.off, 0) AS ts,
+             e.ts_ns + coalesce(o.off, 0) + coalesce(e.dur_ns, 0) AS te
+      FROM events e LEFT JOIN {off} o ON o.rank = e.rank
+      WHERE e.run = $run AND e.ph = 'X' AND e.kind NOT IN ('step', 'instant', 'gpu_annotation')
+        AND NOT coalesce(e.is_gpu, false) AND (e.rank, coalesce(e.tid, 0)) IN (SELECT rank, tid FROM t))
+SELECT rank, tid, ts AS b FROM e
+UNION ALL
+SELECT e.rank, e.tid, e.te FROM e ANTI JOIN (SELECT rank, exec_event_id FROM {cm0} WHERE lazy) x
+    ON x.rank = e.rank AND x.exec_event_id = e.event_id"""
 
 _INSTANCES = """
 SELECT inst, first(key ORDER BY pos) AS key, first(op ORDER BY pos) AS op, max(bytes) AS bytes,
@@ -127,7 +170,10 @@ WITH w AS (
            max(e.te) OVER (PARTITION BY e.rank, e.tid ORDER BY e.ts, e.dur DESC, e.event_id
                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_max
     FROM {ev} e SEMI JOIN {cpu} c ON c.rank = e.rank AND c.tid = e.tid
-    WHERE NOT e.is_gpu AND e.kind <> 'step' AND NOT e.nested),
+    ANTI JOIN (SELECT rank, exec_event_id FROM {cm0} WHERE lazy) z ON z.rank = e.rank AND z.exec_event_id = e.event_id
+    WHERE NOT e.is_gpu AND e.kind <> 'step'
+      -- work nested in a lazily waited p2p span is the thread's own once the span is left out
+      AND (NOT e.nested OR (e.rank, e.tid) IN (SELECT rank, lazy_tid FROM {cm0} WHERE lazy))),
 i AS (
     SELECT *, sum(CASE WHEN prev_max IS NULL OR ts >= prev_max THEN 1 ELSE 0 END)
               OVER (PARTITION BY rank, tid ORDER BY ts, dur DESC, event_id ROWS UNBOUNDED PRECEDING) AS island
@@ -156,11 +202,13 @@ def load(s: Scratch) -> None:
     # stores before schema 1.3 have no events.nested: every event is fetched (the same top-level work)
     nested = "coalesce(e.nested, false)" if "nested" in cols else "false"
     s.make("ev", _EVENTS.replace("{nested}", nested))
-    s.make("cm", _COMMS)
-    s.make("inst", _INSTANCES)
-    s.make("cpu", _CPU_THREADS)
-    s.make("launch", _LAUNCHES.replace("{members}", "IN"))
+    s.make("cm0", _COMMS)
+    s.make("cpu", _CPU_THREADS.replace("{cm}", "{cm0}"))
     s.make("tops", _TOPS)
+    s.make("cm", _LAZY_ENDS)
+    s.make("lazy_bounds", _LAZY_BOUNDS)
+    s.make("inst", _INSTANCES)
+    s.make("launch", _LAUNCHES.replace("{members}", "IN"))
     s.make("st", _STEPS)
     # the thread that records ProfilerStep is each rank's main thread
     s.make("main", "SELECT rank, arg_min(tid, event_id) AS tid FROM {ev} WHERE kind = 'step' GROUP BY rank")

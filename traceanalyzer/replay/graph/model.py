@@ -17,6 +17,10 @@ NO_REL = np.iinfo(np.int64).min // 4
 #: a gap on a CPU thread is a wait for a completion (a collective's, another thread's work) that
 #: ends it within this time
 GAP_WAIT_MAX_TAIL_NS = 1_000_000
+#: the transfer of a lazily waited p2p (gloo isend/irecv) is at most this quantile, over the run's
+#: p2p of the same size, of (first completion - last arrival): the instances whose receiver was
+#: already waiting (load.py)
+LAZY_P2P_TRANSFER_QUANTILE = 0.25
 #: shorter gaps on a CPU thread are not taken as waits for another thread of the rank
 CROSS_THREAD_MIN_GAP_NS = 100_000
 #: a CUDA runtime call whose name holds this blocks its thread until the GPU work it waits for is done
