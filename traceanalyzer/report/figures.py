@@ -13,6 +13,7 @@ kernel name is printed, not interpreted.
 from __future__ import annotations
 
 import io
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -65,7 +66,7 @@ def _render(f: Figure) -> bytes:
     from matplotlib import rc_context
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure as MplFigure
-    with rc_context(_RC):
+    with rc_context(_RC), _backend_named():
         fig = MplFigure(figsize=f.size_in, dpi=DPI)
         FigureCanvasAgg(fig)
         f.draw(fig, **f.args)
@@ -73,6 +74,25 @@ def _render(f: Figure) -> bytes:
         buf = io.BytesIO()
         fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
     return buf.getvalue()
+
+
+@contextmanager
+def _backend_named():
+    """rcParams["backend"] reads "agg" while a figure is drawn, as it was before.
+
+    Why: matplotlib resolves a backend not chosen yet the first time anything reads
+    ``rcParams["backend"]`` -- ``boxplot`` reads every rcParam -- by importing pyplot and switching
+    the process to a backend (trying Qt, GTK, Tk first where there is a display). The figures are
+    drawn on their own Agg canvas and need none; the value is put back as it was (``rc_context``
+    itself leaves "backend" alone)."""
+    import matplotlib
+    rc = matplotlib.rcParams
+    saved = dict.__getitem__(rc, "backend")
+    dict.__setitem__(rc, "backend", "agg")
+    try:
+        yield
+    finally:
+        dict.__setitem__(rc, "backend", saved)
 
 
 def _height(rows: int, per_row: float, base: float) -> float:
