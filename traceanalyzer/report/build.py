@@ -78,12 +78,22 @@ def build_report(store: str | os.PathLike, run: str | None = None, figures: bool
     con, runs = open_runs(store, run, progress)
     try:
         datas = [load_run(con, store, r, with_intervals=figures) for r in runs]
+        if dask is None:  # in this process, one run after the other (what run_all does without dask)
+            # the replay reads the store through a cursor of this connection: the store's views without
+            # opening it again, and none of this connection's temporary tables or parameters (a DuckDB
+            # cursor is a new connection to the same database: the state of a freshly opened store)
+            cur = con.cursor()
+            try:
+                reports = [build_run(d, figures, cur, replay, replay_max_events, render) for d in datas]
+            finally:
+                cur.close()
     finally:
-        con.close()  # replay opens the store itself
-    from ..ingest.executor import run_all
-    where = store if dask is None else str(os.path.abspath(store))  # a cluster's workers: absolute paths
-    reports = run_all(dask, build_run, [(d, figures, where, replay, replay_max_events, render) for d in datas],
-                      [f"report of run '{d.run}'" for d in datas])
+        con.close()
+    if dask is not None:
+        from ..ingest.executor import run_all
+        where = str(os.path.abspath(store))  # a cluster's workers open the store themselves: absolute paths
+        reports = run_all(dask, build_run, [(d, figures, where, replay, replay_max_events, render) for d in datas],
+                          [f"report of run '{d.run}'" for d in datas])
     return Report(store=str(store), runs=reports,
                   created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   versions={"traceanalyzer": __version__, "store_schema_version": S.SCHEMA_VERSION,
