@@ -76,3 +76,27 @@ def test_undrawn_figures_are_drawn_when_written(store, tmp_path):
     assert all(f.drawn.startswith(b"\x89PNG") for f in rr.figures)
     page = (tmp_path / "r.html").read_text()
     assert page.count('src="data:image/png;base64,') == 4 and "cannot draw this" in page
+
+
+def test_listed_pipeline_figures_need_no_idle_intervals(tmp_path_factory):
+    """A report that only lists its figures (the JSON report) does not compute the pipeline's idle
+    intervals -- most of the analyses' SQL chain -- yet lists the same figures, titles and captions:
+    pipeline_bubbles tells whether the stages sat idle. Written as HTML anyway, the timeline is the
+    one figure it cannot draw, and the page says why."""
+    from traceanalyzer.report.figures import plan_figures
+    from traceanalyzer.report.load import load_run, open_runs
+    run = "pp_1f1b_4rank_slow1"
+    d = tmp_path_factory.mktemp("small_pp") / "store"
+    ta.ingest([TRACES / run], d, run=run, progress=False, workers=1)
+    con, _ = open_runs(d, run)          # analyses the run (results saved) first
+    loaded, listed = load_run(con, d, run), load_run(con, d, run, with_intervals=False)
+    con.close()
+    assert len(loaded.pipeline_idle) > 100 and listed.pipeline_idle is None
+    key = [(f.name, f.title, f.caption) for f in plan_figures(loaded)[0]]
+    assert key == [(f.name, f.title, f.caption) for f in plan_figures(listed)[0]]
+    assert "pipeline_timeline" in [k[0] for k in key]
+    rep = report.build_report(d, run=run, replay=False, figures="listed")
+    assert [f.name for f in rep.runs[0].figures] == [k[0] for k in key]
+    report.write_report(rep, tmp_path_factory.mktemp("small_pp_out") / "r.html")
+    assert [e.split(":")[0] for e in rep.runs[0].figure_errors] == ["pipeline_timeline"]
+    assert "not loaded" in rep.runs[0].figure_errors[0]

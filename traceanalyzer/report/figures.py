@@ -20,6 +20,7 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from ..errors import TraceAnalyzerError
 from .load import RunData
 
 #: Resolution of the embedded PNGs: sharp enough on a laptop screen, small enough to embed (~50 kB).
@@ -215,22 +216,29 @@ def _draw_arrival_skew(fig, c: pd.DataFrame) -> None:
 
 
 def fig_pipeline_timeline(data: RunData) -> Figure | None:
+    """Applies where the pipeline's stages sat idle. Its idle intervals not loaded (a report that
+    only lists its figures), pipeline_bubbles says so: its idle_ns sums them per stage and step."""
     idle, ph, bub = data.pipeline_idle, data.r("phases"), data.r("pipeline_bubbles")
-    if bub.empty or idle is None or idle.empty or ph.empty:
+    if bub.empty or ph.empty:
+        return None
+    if (idle is None and not bub["idle_ns"].fillna(0).gt(0).any()) or (idle is not None and idle.empty):
         return None
     step_ns = bub.groupby("step")["step_ns"].median()
     step = int((step_ns - step_ns.median()).abs().idxmin())  # the most typical step
     st = ph[ph["step"] == step].set_index("rank")
     stages = bub[bub["step"] == step][["rank", "stage"]].drop_duplicates().sort_values("stage")
     args = {"step": step, "st": st[["step_start_ns", "step_end_ns"]], "stages": stages,
-            "idle": idle[idle["step"] == step]}
+            "idle": None if idle is None else idle[idle["step"] == step]}
     return Figure("pipeline_timeline", "Pipeline: per-stage timeline with bubbles shaded",
                   "Blue: the stage's own time; shaded: idle, split into warm-up, cool-down, stalls waiting on a "
                   "peer (hatched) and other (its own host-side delays).", (10, _height(len(stages), 0.5, 1.6)),
                   _draw_pipeline_timeline, args)
 
 
-def _draw_pipeline_timeline(fig, step: int, st: pd.DataFrame, stages: pd.DataFrame, idle: pd.DataFrame) -> None:
+def _draw_pipeline_timeline(fig, step: int, st: pd.DataFrame, stages: pd.DataFrame, idle: pd.DataFrame | None) -> None:
+    if idle is None:
+        raise TraceAnalyzerError("the pipeline's idle intervals were not loaded (the report was built to list its "
+                                 "figures only: figures='listed')")
     t0 = float(st["step_start_ns"].min())
     ax = fig.subplots()
     seen = set()
