@@ -9,7 +9,8 @@ the median of ``--repeat`` runs of:
 - the baseline: ``traceanalyzer sql STORE "SELECT count(*) FROM events"`` (open the store, one scan);
 - ``traceanalyzer analyze STORE --run R --no-save``;
 - ``traceanalyzer report STORE --run R -o report.json --no-replay`` on a store whose results are saved
-  (and the same with the replay what-ifs);
+  (and the same with the replay what-ifs, and as HTML, which draws the figures);
+- a notebook's ``ta.open(store).report("r.json", run=R)`` (the same JSON report through the session);
 
 on a store holding one shipped 4-rank run (``--run``, default ``ddp_gloo_4rank_slow2``), and prints
 each against the baseline (ratios measured in the same run). With ``--against REV`` the same is
@@ -56,6 +57,10 @@ def measure(src: Path, run: str, repeat: int, work: Path) -> dict[str, tuple[flo
         "analyze": py + ["analyze", str(store), "--run", run, "--no-save"],
         "report (no replay)": py + ["report", str(store), "--run", run, "-o", str(work / "r.json"), "--no-replay"],
         "report": py + ["report", str(store), "--run", run, "-o", str(work / "r.json")],
+        "report -o r.html": py + ["report", str(store), "--run", run, "-o", str(work / "r.html")],
+        "notebook: ta.open(store).report(r.json)": [sys.executable, "-c", "import sys, traceanalyzer as ta; "
+                                                    "ta.open(sys.argv[1]).report(sys.argv[2], run=sys.argv[3])",
+                                                    str(store), str(work / "r.json"), run],
     }
     out = {}
     for name, cmd in cases.items():

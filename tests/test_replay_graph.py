@@ -219,17 +219,22 @@ def test_compiled_and_python_sweeps_agree(graphs, monkeypatch):
     durations scaled per rank (so the binding predecessors change)."""
     pytest.importorskip("numba")
     from traceanalyzer import replay
+    from traceanalyzer.replay import _jit
     from traceanalyzer.replay.graph.finish import topo_order
+    monkeypatch.setattr(_jit, "JIT_MIN_NODES", 0)  # compiled even for graphs this small
+    assert _jit.sweep_kernel(1) is not None and _jit.repair_kernel(1) is not _jit._repair_keys
     moved = 0
     for run, g in graphs.items():
         factor = 0.5 + (np.maximum(g.rank, 0) % 3) * 0.4
         durs = [None, (g.dur * factor).astype(np.int64)]
         fast = [replay.Simulator(g).run(d) for d in durs]
+        fast_order = topo_order(g.ms, g.kind, g.src, g.n, g.is_lane_edge, g.ptr)
         monkeypatch.setenv("TRACEANALYZER_NO_NUMBA", "1")
         slow = [replay.Simulator(g).run(d) for d in durs]
         order = topo_order(g.ms, g.kind, g.src, g.n, g.is_lane_edge, g.ptr)
         monkeypatch.delenv("TRACEANALYZER_NO_NUMBA")
         np.testing.assert_array_equal(order, g.order, err_msg=run)
+        np.testing.assert_array_equal(fast_order, g.order, err_msg=run)
         for a, b in zip(fast, slow):
             np.testing.assert_array_equal(a.start, b.start, err_msg=run)
             np.testing.assert_array_equal(a.end, b.end, err_msg=run)

@@ -125,9 +125,11 @@ class Session:
     def report(self, path: str | os.PathLike | None = None, run: str | None = None, replay: bool = True,
                fmt: str | None = None):
         """The report of ``run`` (default: every run); written to ``path`` (HTML, Markdown or JSON
-        by its extension) when given. Returns the :class:`~traceanalyzer.report.Report`."""
-        from .report import build_report, write_report
-        rep = build_report(self.path, run=run, replay=replay)
+        by its extension) when given. Returns the :class:`~traceanalyzer.report.Report` (its figures are
+        drawn when written as HTML, Markdown or PDF, or when a figure's ``png`` is first read)."""
+        from .report import build_report, format_for, write_report
+        listed = path is not None and format_for(path, fmt) == "json"   # JSON names the figures, draws none
+        rep = build_report(self.path, run=run, replay=replay, figures="listed" if listed else True, render=False)
         if path is not None:
             write_report(rep, path, fmt)
         return rep

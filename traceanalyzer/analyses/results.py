@@ -43,6 +43,11 @@ def query(con, name: str, run: str | None = None, **params):
         raise TraceAnalyzerError(f"no SQL analysis {name!r}" + (" (computed in Python)" if a is not None else "")
                                  + f"; SQL analyses: {', '.join(sql_names)}")
     prepare(con, views=[a.view], **params)
+    return _select(con, a, run)
+
+
+def _select(con, a, run: str | None):
+    """Analysis ``a``'s rows (of ``run``) as a lazy relation; its modules must be bound in ``con``."""
     if run is None:
         return con.sql(a.sql)
     return con.sql(f"SELECT * FROM ({a.sql}) WHERE run = $run", params={"run": run})
@@ -56,15 +61,21 @@ def compute(con, run: str | None = None, only: list[str] | None = None, **params
     if unknown:
         raise TraceAnalyzerError(f"unknown analysis: {', '.join(unknown)}; known: {', '.join(known)}")
     prepare(con, views=["pipeline_shape"], **params)
-    has_pipeline = con.execute("SELECT count(*) FROM pipeline_shape").fetchone()[0] > 0
+    where = "" if run is None else " WHERE run = $run"
+    has_pipeline = con.execute(f"SELECT count(*) FROM pipeline_shape{where}",
+                               {"run": run} if run is not None else {}).fetchone()[0] > 0
+    # the pipeline views cost more than the others together: skipped without a pipeline (in the run)
+    skip = {n for n in names if n.startswith("pipeline_") and n != "pipeline_shape" and not has_pipeline}
+    views = [R.get(n).view for n in names if n not in skip and R.get(n).producer is None]
+    if views:  # every module the SQL analyses read, bound once (not once per analysis)
+        prepare(con, views=views, **params)
     out, cache = {}, {}
     for name in names:
-        if name.startswith("pipeline_") and name != "pipeline_shape" and not has_pipeline:
-            # the pipeline views cost more than the others together: skipped without a pipeline
+        if name in skip:
             out[name] = S.RESULTS[name].arrow_schema.empty_table().to_pandas()
             continue
         a = R.get(name)
-        df = a.producer(con, run, cache) if a.producer is not None else query(con, name, run, **params).df()
+        df = a.producer(con, run, cache) if a.producer is not None else _select(con, a, run).df()
         out[name] = _conform(name, df)
     return out
 

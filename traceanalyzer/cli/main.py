@@ -143,7 +143,8 @@ def _cmd_report(args) -> int:
     fmt = rp.format_for(args.output or "", args.format)
     out = args.output or f"report.{fmt}"
     rep = rp.build_report(args.store, run=args.run, progress=lambda m: print(m, file=sys.stderr),
-                          replay=not args.no_replay, replay_max_events=args.replay_max_events, dask=_dask_spec(args))
+                          replay=not args.no_replay, replay_max_events=args.replay_max_events, dask=_dask_spec(args),
+                          figures="listed" if fmt == "json" else True)  # JSON names the figures, draws none
     rp.write_report(rep, out, fmt)
     print(f"wrote {out} ({fmt}, {len(rep.runs)} run{'s' if len(rep.runs) != 1 else ''})")
     for rr in rep.runs:

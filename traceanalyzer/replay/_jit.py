@@ -17,6 +17,14 @@ import threading
 
 import numpy as np
 
+#: Graphs with fewer nodes than this are replayed by the plain-Python loops unless numba is already
+#: loaded in the process: importing numba and loading the cached kernels costs about 0.9 s of CPU
+#: (0.55 s wall) in every process, while in Python the key repair costs ~1.6 us per node and pass
+#: and a replay ~0.2 us per node (2-core VM): below this size Python is cheaper for a build and a
+#: few what-ifs (a 4-rank shipped run's report: ~1 s less CPU). The results are the same integers
+#: either way (tests/test_replay_graph.py).
+JIT_MIN_NODES = 100_000
+
 _COMPILED: dict = {}   # name -> the compiled function, or False where numba is not available
 _LOCK = threading.RLock()
 _WARM: list = []       # the thread that warms the kernels up (at most one per process)
@@ -26,13 +34,21 @@ def _off() -> bool:
     return os.environ.get("TRACEANALYZER_NO_NUMBA", "") not in ("", "0")
 
 
-def warm_up():
-    """Start loading numba and the compiled kernels in a background thread (once per process).
+def _python_is_cheaper(name: str, n_nodes: int | None) -> bool:
+    """A graph of ``n_nodes`` (None: unknown, taken as large) is below JIT_MIN_NODES and kernel
+    ``name`` is not compiled in this process yet."""
+    return n_nodes is not None and n_nodes < JIT_MIN_NODES and not _COMPILED.get(name)
+
+
+def warm_up(n_nodes: int | None = None):
+    """Start loading numba and the compiled kernels in a background thread (once per process),
+    unless a graph of ``n_nodes`` (or fewer: the run's event count is an upper bound) is small
+    enough for the Python loops (JIT_MIN_NODES).
 
     Why: importing numba and loading a kernel from its on-disk cache take about 0.55 s, the same
     in every process. graph.build_graph calls this first, so the loading runs while DuckDB reads
     the store (DuckDB works without the GIL); the kernels' first use then finds them ready."""
-    if _off():
+    if _off() or _python_is_cheaper("_sweep", n_nodes):
         return
     with _LOCK:
         if _WARM:
@@ -73,13 +89,17 @@ def _compiled(fn):
         return _COMPILED[name] or None
 
 
-def sweep_kernel():
-    """The compiled head sweep, or None where numba is missing or switched off."""
-    return _compiled(_sweep)
+def sweep_kernel(n_nodes: int | None = None):
+    """The compiled head sweep, or None where numba is missing or switched off, or the graph has
+    ``n_nodes`` < JIT_MIN_NODES and numba is not loaded yet (the Python loop is cheaper)."""
+    return None if _python_is_cheaper("_sweep", n_nodes) else _compiled(_sweep)
 
 
-def repair_kernel():
-    """The topological-key repair (graph/finish.py topo_order): compiled, else the same loop in Python."""
+def repair_kernel(n_nodes: int | None = None):
+    """The topological-key repair (graph/finish.py topo_order): compiled, else (no numba, or a
+    small graph, as for :func:`sweep_kernel`) the same loop in Python."""
+    if _python_is_cheaper("_repair_keys", n_nodes):
+        return _repair_keys
     return _compiled(_repair_keys) or _repair_keys
 
 

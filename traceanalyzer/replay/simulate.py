@@ -68,7 +68,7 @@ class Simulator:
         cs = np.cumsum(dur)
         base = cs[self.heads] - dur[self.heads]
         off = cs - base[self.seg_of]     # end offset of each node from its segment's start
-        kernel = sweep_kernel()
+        kernel = sweep_kernel(len(dur))
         if kernel is not None:
             seg_start = np.zeros(len(self.heads), dtype=np.int64)
             kernel(self._h_seg, self._h_a, self._h_b, self._h_rel, self._e_seg, self._e_src, self._e_lag, off,

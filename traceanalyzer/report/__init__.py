@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 
 from ..errors import TraceAnalyzerError
-from .build import REPORT_VERSION, Report, RunReport, build_report
+from .build import REPORT_VERSION, Report, RunReport, build_report, render_pending
 from .findings import EXPOSED_COMM_MIN_PCT, Finding
 from .html import render_html
 from .jsondoc import report_dict, to_json
@@ -46,6 +46,8 @@ def write_report(report: Report, path: str | os.PathLike, fmt: str | None = None
     """Write ``report`` to ``path`` (atomically: a reader never sees half a report)."""
     path = Path(path)
     fmt = format_for(path, fmt)
+    if fmt != "json":       # the JSON report names the figures; the others embed them
+        render_pending(report)
     text = {"html": lambda: render_html(report), "json": lambda: to_json(report),
             "md": lambda: render_markdown(report, path), "pdf": None}[fmt]
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ import pandas as pd
 
 from .. import __version__
 from .. import schema as S
-from .figures import Figure, all_figures
+from .figures import Figure, plan_figures, render_figures
 from .findings import Finding, median_step_ns, negatives, rank_findings
 from .load import RunData, load_run, open_runs
 from .metrics import run_metrics
@@ -48,36 +48,63 @@ class Report:
     versions: dict
 
 
-def build_run(data: RunData, figures: bool = True, store=None, replay: bool = True,
-              replay_max_events: int = REPLAY_MAX_EVENTS) -> RunReport:
+def build_run(data: RunData, figures: bool | str = True, store=None, replay: bool = True,
+              replay_max_events: int = REPLAY_MAX_EVENTS, render: bool = True) -> RunReport:
     """One run's report; with ``replay`` (and the ``store``), rank findings are re-ranked by their
-    what-if replay (whatif.py), falling back to the analyses' estimates if replay fails."""
+    what-if replay (whatif.py), falling back to the analyses' estimates if replay fails. With
+    ``figures``, the figures that apply to the run; drawn here with ``render``, else when a writer
+    first needs their PNG (:func:`render_pending`; the JSON report never does); ``"listed"``:
+    only named, titled and captioned (see :func:`build_report`)."""
     findings = rank_findings(data)
     rp = apply_replay(store, data, findings, replay_max_events) if replay and store is not None else RunReplay("off", "replay not asked for")
     findings = confirm_by_replay(data, findings)
     annotate(data, findings, median_step_ns(data))
-    figs, errors = all_figures(data) if figures else ([], [])
+    figs, errors = plan_figures(data) if figures else ([], [])
+    if render and figures is True:
+        figs, errors = render_figures(figs, errors)
     return RunReport(run=data.run, shape=job_shape(data), step_times=step_times(data), findings=findings,
                      negatives=negatives(data, findings), metrics=run_metrics(data, findings),
                      figures=figs, figure_errors=errors, data=data, replay=rp, caveats=list(data.caveats))
 
 
-def build_report(store: str | os.PathLike, run: str | None = None, figures: bool = True, progress=None,
-                 replay: bool = True, replay_max_events: int = REPLAY_MAX_EVENTS, dask=None) -> Report:
+def build_report(store: str | os.PathLike, run: str | None = None, figures: bool | str = True, progress=None,
+                 replay: bool = True, replay_max_events: int = REPLAY_MAX_EVENTS, dask=None,
+                 render: bool = True) -> Report:
     """The report of ``run`` (default: every run of the store) from the results ``analyze`` saved;
     runs whose results are missing are analysed (and saved) first. ``dask`` (``"local:N"``, a
     scheduler address or a ``distributed.Client``) builds the runs' reports (replay, figures) one
-    task per run on a Dask cluster (:func:`traceanalyzer.ingest.executor.run_all`)."""
+    task per run on a Dask cluster (:func:`traceanalyzer.ingest.executor.run_all`). ``render=False``
+    leaves the figures undrawn (drawn when first written as HTML, Markdown or PDF);
+    ``figures="listed"`` only names, titles and captions them -- all the JSON report shows -- and
+    loads nothing to draw them with (a pipeline's idle intervals: most of the analyses' SQL)."""
     con, runs = open_runs(store, run, progress)
     try:
-        datas = [load_run(con, store, r, with_intervals=figures) for r in runs]
+        datas = [load_run(con, store, r, with_intervals=figures is True) for r in runs]
+        if dask is None:  # in this process, one run after the other (what run_all does without dask)
+            # the replay reads the store through a cursor of this connection: the store's views without
+            # opening it again, and none of this connection's temporary tables or parameters (a DuckDB
+            # cursor is a new connection to the same database: the state of a freshly opened store)
+            cur = con.cursor()
+            try:
+                reports = [build_run(d, figures, cur, replay, replay_max_events, render) for d in datas]
+            finally:
+                cur.close()
     finally:
-        con.close()  # replay opens the store itself
-    from ..ingest.executor import run_all
-    where = store if dask is None else str(os.path.abspath(store))  # a cluster's workers: absolute paths
-    reports = run_all(dask, build_run, [(d, figures, where, replay, replay_max_events) for d in datas],
-                      [f"report of run '{d.run}'" for d in datas])
+        con.close()
+    if dask is not None:
+        from ..ingest.executor import run_all
+        where = str(os.path.abspath(store))  # a cluster's workers open the store themselves: absolute paths
+        reports = run_all(dask, build_run, [(d, figures, where, replay, replay_max_events, render) for d in datas],
+                          [f"report of run '{d.run}'" for d in datas])
     return Report(store=str(store), runs=reports,
                   created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   versions={"traceanalyzer": __version__, "store_schema_version": S.SCHEMA_VERSION,
                             "results_version": S.RESULTS_VERSION, "report_version": REPORT_VERSION})
+
+
+def render_pending(report: Report) -> None:
+    """Draw the figures of ``report`` not drawn yet (in place); one that cannot be drawn leaves the
+    run's figures and is named in its ``figure_errors``."""
+    for rr in report.runs:
+        if any(f.drawn is None for f in rr.figures):
+            rr.figures, rr.figure_errors = render_figures(rr.figures, rr.figure_errors)

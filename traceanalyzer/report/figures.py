@@ -1,22 +1,27 @@
-"""The report's figures, drawn with matplotlib (Agg: no display needed) from one run's results.
+"""The report's figures, from one run's results: which apply (cheap), then drawn (matplotlib, Agg).
 
-Each ``fig_*`` function returns a :class:`Figure` (PNG bytes, title, caption) or None when it does
-not apply to the run (no collectives, no pipeline). Text from the trace (op names) is drawn with
-matplotlib's math parsing off, so a ``$`` in a kernel name is printed, not interpreted.
+Two steps, so a report that shows no figure pays for none: ``plan_figures`` decides from the data
+which figures apply to the run (no collectives: no arrival skew; no pipeline: no timeline) and
+prepares what each one plots, its title and its caption, without importing matplotlib (the JSON
+report lists the figures by name and title only); ``render_figures`` draws them as PNGs (the HTML,
+Markdown and PDF reports, which embed them). A :class:`Figure` left undrawn draws itself the first
+time its ``png`` is read. Each figure is drawn on its own ``matplotlib.figure.Figure`` with an Agg
+canvas, never through pyplot: no backend is chosen for the process and no global figure list is
+kept. Text from the trace (op names) is drawn with matplotlib's math parsing off, so a ``$`` in a
+kernel name is printed, not interpreted.
 """
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Callable
 
-import matplotlib
+import numpy as np
+import pandas as pd
 
-matplotlib.use("Agg")  # before pyplot: the report runs on headless CI machines
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-
-from .load import RunData  # noqa: E402
+from ..errors import TraceAnalyzerError
+from .load import RunData
 
 #: Resolution of the embedded PNGs: sharp enough on a laptop screen, small enough to embed (~50 kB).
 DPI = 90
@@ -39,10 +44,56 @@ _RC = {"text.parse_math": False, "font.size": 9, "axes.titlesize": 10, "figure.d
 
 @dataclass
 class Figure:
+    """One figure of a run: its name, title and caption (known without drawing it) and, once drawn,
+    its PNG. ``draw`` is a module-level function (so a Figure pickles, for a Dask report) called as
+    ``draw(mpl_figure, **args)``."""
     name: str
     title: str
     caption: str
-    png: bytes
+    size_in: tuple[float, float] = (9.0, 3.0)
+    draw: Callable | None = field(default=None, repr=False)
+    args: dict = field(default_factory=dict, repr=False)
+    drawn: bytes | None = field(default=None, repr=False)
+
+    @property
+    def png(self) -> bytes:
+        """The PNG bytes (drawn now if they were not yet)."""
+        if self.drawn is None:
+            self.drawn = _render(self)
+        return self.drawn
+
+
+def _render(f: Figure) -> bytes:
+    from matplotlib import rc_context
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure as MplFigure
+    with rc_context(_RC), _backend_named():
+        fig = MplFigure(figsize=f.size_in, dpi=DPI)
+        FigureCanvasAgg(fig)
+        f.draw(fig, **f.args)
+        fig.tight_layout()
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
+    return buf.getvalue()
+
+
+@contextmanager
+def _backend_named():
+    """rcParams["backend"] reads "agg" while a figure is drawn, as it was before.
+
+    Why: matplotlib resolves a backend not chosen yet the first time anything reads
+    ``rcParams["backend"]`` -- ``boxplot`` reads every rcParam -- by importing pyplot and switching
+    the process to a backend (trying Qt, GTK, Tk first where there is a display). The figures are
+    drawn on their own Agg canvas and need none; the value is put back as it was (``rc_context``
+    itself leaves "backend" alone)."""
+    import matplotlib
+    rc = matplotlib.rcParams
+    saved = dict.__getitem__(rc, "backend")
+    dict.__setitem__(rc, "backend", "agg")
+    try:
+        yield
+    finally:
+        dict.__setitem__(rc, "backend", saved)
 
 
 def _height(rows: int, per_row: float, base: float) -> float:
@@ -52,13 +103,6 @@ def _height(rows: int, per_row: float, base: float) -> float:
 def _ticks(n: int) -> list[int]:
     """Positions of the labelled rows: all of them, or an even subset of MAX_TICKS."""
     return list(range(n)) if n <= MAX_TICKS else sorted(set(np.linspace(0, n - 1, MAX_TICKS).astype(int)))
-
-
-def _png(fig) -> bytes:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
-    plt.close(fig)
-    return buf.getvalue()
 
 
 def _label(s) -> str:
@@ -112,27 +156,32 @@ def fig_step_heatmap(data: RunData) -> Figure | None:
     tb = data.r("temporal_breakdown")
     tb = tb[tb["step"].notna()] if not tb.empty else tb
     waits = imposed_wait_grid(data) if data.r("pipeline_shape").empty else pd.DataFrame()
-    with plt.rc_context(_RC):
-        fig, axes = plt.subplots(1, 2 if not tb.empty else 1, figsize=(10, _height(ph["rank"].nunique(), 0.35, 2.2)),
-                                 squeeze=False)
-        if not waits.empty:
-            _heat(axes[0][0], waits, "wait imposed on peers (ms)", fig)
-        else:
-            _heat(axes[0][0], ph.pivot_table(index="rank", columns="step", values="step_ns"), "step time (ms)", fig)
-        if not tb.empty:
-            _heat(axes[0][1], tb.pivot_table(index="rank", columns="step", values="compute_ns"), "compute time (ms)", fig)
-        fig.tight_layout()
-        png = _png(fig)
-    right = (" Right: compute per rank and step; a rank hot in both did more work (imbalance), a rank hot only on the "
-             "left was delayed outside compute (its host, a sleep, contention).") if not tb.empty else ""
+    if not waits.empty:
+        left = (waits, "wait imposed on peers (ms)")
+    else:
+        left = (ph.pivot_table(index="rank", columns="step", values="step_ns"), "step time (ms)")
+    right = (tb.pivot_table(index="rank", columns="step", values="compute_ns"), "compute time (ms)") if not tb.empty else None
+    size = (10, _height(ph["rank"].nunique(), 0.35, 2.2))
+    args = {"left": left, "right": right}
+    right_text = (" Right: compute per rank and step; a rank hot in both did more work (imbalance), a rank hot only "
+                  "on the left was delayed outside compute (its host, a sleep, contention).") if not tb.empty else ""
     if not waits.empty:
         return Figure("step_heatmap", "Wait each rank imposed on its peers, and compute, per rank and step",
                       "Left: per step, the time the other ranks sat in collectives waiting for this rank (summed over "
                       "them, at the collectives it reached last). Synchronous data parallelism gives every rank the "
-                      "same step time, so a slow rank shows up here, not as a longer step." + right, png)
+                      "same step time, so a slow rank shows up here, not as a longer step." + right_text,
+                      size, _draw_step_heatmap, args)
     return Figure("step_heatmap", "Step time and compute time per rank and step",
                   "Left: step time per rank and step (ranks that synchronise every step have about equal step times, "
-                  "so a slow rank need not stand out here; see the findings)." + right, png)
+                  "so a slow rank need not stand out here; see the findings)." + right_text,
+                  size, _draw_step_heatmap, args)
+
+
+def _draw_step_heatmap(fig, left, right) -> None:
+    axes = fig.subplots(1, 2 if right is not None else 1, squeeze=False)
+    _heat(axes[0][0], left[0], left[1], fig)
+    if right is not None:
+        _heat(axes[0][1], right[0], right[1], fig)
 
 
 def fig_arrival_skew(data: RunData) -> Figure | None:
@@ -140,66 +189,76 @@ def fig_arrival_skew(data: RunData) -> Figure | None:
     c = c[c["n_ranks"] > 1] if not c.empty else c
     if c.empty:
         return None
-    c = c.sort_values("first_arrival_ns")
-    with plt.rc_context(_RC):
-        fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.2), gridspec_kw={"width_ratios": [2.2, 1]})
-        ranks = sorted(int(r) for r in c["last_arriver"].dropna().unique())
-        cmap = plt.get_cmap("tab10")
-        for i, r in enumerate(ranks):
-            sel = c["last_arriver"] == r
-            a.scatter(np.flatnonzero(sel.to_numpy()), c.loc[sel, "arrival_skew_ns"] / 1e6, s=14, color=cmap(i % 10),
-                      label=f"rank {r}")
-        a.set_xlabel("collective (in time order)")
-        a.set_ylabel("arrival skew (ms)")
-        a.set_title("arrival skew per collective, coloured by the last arriver")
-        a.legend(fontsize=7, ncol=min(len(ranks), 4))
-        wait = c.groupby("last_arriver")["total_wait_ns"].sum() / 1e6
-        b.bar([str(int(r)) for r in wait.index], wait.to_numpy(), color=[cmap(ranks.index(int(r)) % 10) for r in wait.index])
-        b.set_xlabel("last arriver (rank)")
-        b.set_ylabel("peer wait it caused (ms, window)")
-        b.set_title("who the others waited for")
-        fig.tight_layout()
-        png = _png(fig)
+    c = c.sort_values("first_arrival_ns")[["last_arriver", "arrival_skew_ns", "total_wait_ns"]]
     return Figure("arrival_skew", "Collective arrival skew: who arrives last, by how much",
                   "Arrival skew = latest - earliest arrival of the ranks at one collective; the right panel adds up "
-                  "the waits of all peers charged to each last arriver.", png)
+                  "the waits of all peers charged to each last arriver.", (10, 3.2), _draw_arrival_skew, {"c": c})
+
+
+def _draw_arrival_skew(fig, c: pd.DataFrame) -> None:
+    import matplotlib
+    a, b = fig.subplots(1, 2, gridspec_kw={"width_ratios": [2.2, 1]})
+    ranks = sorted(int(r) for r in c["last_arriver"].dropna().unique())
+    cmap = matplotlib.colormaps["tab10"]
+    for i, r in enumerate(ranks):
+        sel = c["last_arriver"] == r
+        a.scatter(np.flatnonzero(sel.to_numpy()), c.loc[sel, "arrival_skew_ns"] / 1e6, s=14, color=cmap(i % 10),
+                  label=f"rank {r}")
+    a.set_xlabel("collective (in time order)")
+    a.set_ylabel("arrival skew (ms)")
+    a.set_title("arrival skew per collective, coloured by the last arriver")
+    a.legend(fontsize=7, ncol=min(len(ranks), 4))
+    wait = c.groupby("last_arriver")["total_wait_ns"].sum() / 1e6
+    b.bar([str(int(r)) for r in wait.index], wait.to_numpy(), color=[cmap(ranks.index(int(r)) % 10) for r in wait.index])
+    b.set_xlabel("last arriver (rank)")
+    b.set_ylabel("peer wait it caused (ms, window)")
+    b.set_title("who the others waited for")
 
 
 def fig_pipeline_timeline(data: RunData) -> Figure | None:
+    """Applies where the pipeline's stages sat idle. Its idle intervals not loaded (a report that
+    only lists its figures), pipeline_bubbles says so: its idle_ns sums them per stage and step."""
     idle, ph, bub = data.pipeline_idle, data.r("phases"), data.r("pipeline_bubbles")
-    if bub.empty or idle is None or idle.empty or ph.empty:
+    if bub.empty or ph.empty:
+        return None
+    if (idle is None and not bub["idle_ns"].fillna(0).gt(0).any()) or (idle is not None and idle.empty):
         return None
     step_ns = bub.groupby("step")["step_ns"].median()
     step = int((step_ns - step_ns.median()).abs().idxmin())  # the most typical step
     st = ph[ph["step"] == step].set_index("rank")
     stages = bub[bub["step"] == step][["rank", "stage"]].drop_duplicates().sort_values("stage")
-    t0 = float(st["step_start_ns"].min())
-    with plt.rc_context(_RC):
-        fig, ax = plt.subplots(figsize=(10, _height(len(stages), 0.5, 1.6)))
-        seen = set()
-        for y, (rank, stage) in enumerate(zip(stages["rank"], stages["stage"])):
-            if rank not in st.index:
-                continue
-            lo, hi = (float(st.loc[rank, "step_start_ns"]) - t0) / 1e6, (float(st.loc[rank, "step_end_ns"]) - t0) / 1e6
-            ax.barh(y, hi - lo, left=lo, color=COLORS["compute"], height=0.6,
-                    label="busy" if "busy" not in seen else None)
-            seen.add("busy")
-            mine = idle[(idle["rank"] == rank) & (idle["step"] == step)]
-            for kind, g in mine.groupby("kind"):
-                ax.barh([y] * len(g), g["dur_ns"] / 1e6, left=(g["lo_ns"] - t0) / 1e6, height=0.6,
-                        color=COLORS.get(kind, "#DDDDDD"), label=f"idle: {kind}" if kind not in seen else None,
-                        hatch="//" if kind == "stall" else None, edgecolor="white", linewidth=0)
-                seen.add(kind)
-        ax.set_yticks(range(len(stages)), [f"stage {s} (rank {r})" for r, s in zip(stages["rank"], stages["stage"])])
-        ax.invert_yaxis()
-        ax.set_xlabel(f"time in step {step} (ms)")
-        ax.set_title(f"pipeline timeline of step {step}: busy vs bubbles (idle by cause)")
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=5)
-        fig.tight_layout()
-        png = _png(fig)
+    args = {"step": step, "st": st[["step_start_ns", "step_end_ns"]], "stages": stages,
+            "idle": None if idle is None else idle[idle["step"] == step]}
     return Figure("pipeline_timeline", "Pipeline: per-stage timeline with bubbles shaded",
                   "Blue: the stage's own time; shaded: idle, split into warm-up, cool-down, stalls waiting on a "
-                  "peer (hatched) and other (its own host-side delays).", png)
+                  "peer (hatched) and other (its own host-side delays).", (10, _height(len(stages), 0.5, 1.6)),
+                  _draw_pipeline_timeline, args)
+
+
+def _draw_pipeline_timeline(fig, step: int, st: pd.DataFrame, stages: pd.DataFrame, idle: pd.DataFrame | None) -> None:
+    if idle is None:
+        raise TraceAnalyzerError("the pipeline's idle intervals were not loaded (the report was built to list its "
+                                 "figures only: figures='listed')")
+    t0 = float(st["step_start_ns"].min())
+    ax = fig.subplots()
+    seen = set()
+    for y, (rank, stage) in enumerate(zip(stages["rank"], stages["stage"])):
+        if rank not in st.index:
+            continue
+        lo, hi = (float(st.loc[rank, "step_start_ns"]) - t0) / 1e6, (float(st.loc[rank, "step_end_ns"]) - t0) / 1e6
+        ax.barh(y, hi - lo, left=lo, color=COLORS["compute"], height=0.6, label="busy" if "busy" not in seen else None)
+        seen.add("busy")
+        mine = idle[(idle["rank"] == rank) & (idle["step"] == step)]
+        for kind, g in mine.groupby("kind"):
+            ax.barh([y] * len(g), g["dur_ns"] / 1e6, left=(g["lo_ns"] - t0) / 1e6, height=0.6,
+                    color=COLORS.get(kind, "#DDDDDD"), label=f"idle: {kind}" if kind not in seen else None,
+                    hatch="//" if kind == "stall" else None, edgecolor="white", linewidth=0)
+            seen.add(kind)
+    ax.set_yticks(range(len(stages)), [f"stage {s} (rank {r})" for r, s in zip(stages["rank"], stages["stage"])])
+    ax.invert_yaxis()
+    ax.set_xlabel(f"time in step {step} (ms)")
+    ax.set_title(f"pipeline timeline of step {step}: busy vs bubbles (idle by cause)")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=5)
 
 
 def fig_overlap_bars(data: RunData) -> Figure | None:
@@ -212,23 +271,25 @@ def fig_overlap_bars(data: RunData) -> Figure | None:
     over = (ov.set_index("rank")["overlapped_ns"] / steps).reindex(per.index).fillna(0) if not ov.empty else 0 * per["comm_ns"]
     parts = {"compute": (per["compute_ns"] - over).clip(lower=0), "overlapped": over, "exposed comm": per["comm_ns"],
              "memory": per["memory_ns"], "idle": per["idle_ns"]}
-    with plt.rc_context(_RC):
-        fig, ax = plt.subplots(figsize=(9, _height(len(per), 0.4, 1.6)))
-        left = np.zeros(len(per))
-        ys = [f"rank {int(r)}" for r in per.index]
-        for name, v in parts.items():
-            v = v.to_numpy(dtype=float) / 1e6
-            ax.barh(ys, v, left=left, color=COLORS[name], label=name)
-            left += v
-        ax.invert_yaxis()
-        ax.set_xlabel("ms per step (mean)")
-        ax.set_title("where each rank's step went")
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=5)
-        fig.tight_layout()
-        png = _png(fig)
     return Figure("overlap_bars", "Overlap per rank: compute, overlapped and exposed communication, idle",
                   "Compute: compute with no communication; overlapped: communication hidden under compute; exposed "
-                  "comm: communication with nothing else running (includes waiting for peers).", png)
+                  "comm: communication with nothing else running (includes waiting for peers).",
+                  (9, _height(len(per), 0.4, 1.6)), _draw_overlap_bars,
+                  {"ranks": [int(r) for r in per.index], "parts": parts})
+
+
+def _draw_overlap_bars(fig, ranks: list[int], parts: dict) -> None:
+    ax = fig.subplots()
+    left = np.zeros(len(ranks))
+    ys = [f"rank {r}" for r in ranks]
+    for name, v in parts.items():
+        v = v.to_numpy(dtype=float) / 1e6
+        ax.barh(ys, v, left=left, color=COLORS[name], label=name)
+        left += v
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per step (mean)")
+    ax.set_title("where each rank's step went")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=5)
 
 
 def fig_imbalance(data: RunData) -> Figure | None:
@@ -243,22 +304,8 @@ def fig_imbalance(data: RunData) -> Figure | None:
     mean = tb.groupby("step")["compute_ns"].mean().median() / 1e6
     im = data.r("imbalance")
     flagged = im[im["is_finding"].fillna(False).astype(bool)].set_index("rank") if not im.empty else pd.DataFrame()
-    with plt.rc_context(_RC):
-        fig, ax = plt.subplots(figsize=(9, 3))
-        ax.boxplot(vals, showmeans=True)
-        ax.set_xticks(range(1, len(ranks) + 1), [str(r) for r in ranks])
-        ax.axhline(mean, color=COLORS["exposed comm"], linestyle="--", linewidth=1, label="mean of the ranks (median step)")
-        for i, r in enumerate(ranks, start=1):
-            if r in flagged.index and pd.notna(flagged.loc[r, "ratio_to_mean"]):
-                ax.annotate(f"{flagged.loc[r, 'ratio_to_mean']:.2f}x: imbalanced", (i, np.nanmax(vals[i - 1])), ha="center",
-                            xytext=(0, 4), textcoords="offset points", fontsize=7, color=COLORS["exposed comm"])
-        ax.set_xlabel("rank")
-        ax.set_ylabel("compute per step (ms)")
-        ax.set_title("compute per step and rank" + (" (flagged ranks labelled with their ratio to the mean)"
-                                                    if not flagged.empty else ""))
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        png = _png(fig)
+    labels = {r: float(flagged.loc[r, "ratio_to_mean"]) for r in ranks
+              if r in flagged.index and pd.notna(flagged.loc[r, "ratio_to_mean"])}
     p = data.params
     rule = (f"at least {p.get('imbalance_min_ratio', 1.1):g}x the mean with an excess of at least "
             f"{p.get('imbalance_min_excess_pct', 5.0):g}% of the step")
@@ -268,7 +315,24 @@ def fig_imbalance(data: RunData) -> Figure | None:
     else:
         cap = (f"Each box is one rank's compute over the steps; the labelled rank(s) compute {rule} "
                f"(ratio to the mean above the box).")
-    return Figure("imbalance", "Imbalance: distribution of compute per rank", cap, png)
+    return Figure("imbalance", "Imbalance: distribution of compute per rank", cap, (9, 3), _draw_imbalance,
+                  {"ranks": ranks, "vals": vals, "mean": mean, "labels": labels, "any_flagged": not flagged.empty})
+
+
+def _draw_imbalance(fig, ranks: list[int], vals: list, mean: float, labels: dict, any_flagged: bool) -> None:
+    ax = fig.subplots()
+    ax.boxplot(vals, showmeans=True)
+    ax.set_xticks(range(1, len(ranks) + 1), [str(r) for r in ranks])
+    ax.axhline(mean, color=COLORS["exposed comm"], linestyle="--", linewidth=1, label="mean of the ranks (median step)")
+    for i, r in enumerate(ranks, start=1):
+        if r in labels:
+            ax.annotate(f"{labels[r]:.2f}x: imbalanced", (i, np.nanmax(vals[i - 1])), ha="center",
+                        xytext=(0, 4), textcoords="offset points", fontsize=7, color=COLORS["exposed comm"])
+    ax.set_xlabel("rank")
+    ax.set_ylabel("compute per step (ms)")
+    ax.set_title("compute per step and rank" + (" (flagged ranks labelled with their ratio to the mean)"
+                                                if any_flagged else ""))
+    ax.legend(fontsize=7)
 
 
 def fig_top_ops(data: RunData) -> Figure | None:
@@ -278,34 +342,52 @@ def fig_top_ops(data: RunData) -> Figure | None:
         return None
     rank_steps = max(int(tb[tb["step"].notna()].groupby("rank")["step"].nunique().sum()), 1) if not tb.empty else 1
     top = (kb.groupby("name")["total_ns"].sum() / rank_steps).sort_values(ascending=False).head(TOP_OPS)
-    with plt.rc_context(_RC):
-        fig, ax = plt.subplots(figsize=(9, 0.3 * len(top) + 1.2))
-        ax.barh([_label(n) for n in top.index], top.to_numpy() / 1e6, color=COLORS["compute"])
-        ax.invert_yaxis()
-        ax.set_xlabel("ms per step and rank (whole window, all ranks)")
-        ax.set_title("top compute kernels / operators")
-        fig.tight_layout()
-        png = _png(fig)
     return Figure("top_ops", "Top kernels / operators by time",
                   "Compute kernels (GPU) or CPU operators, summed over ranks; nested CPU operators each count their "
-                  "own duration.", png)
+                  "own duration.", (9, 0.3 * len(top) + 1.2), _draw_top_ops,
+                  {"names": [_label(n) for n in top.index], "ms": top.to_numpy() / 1e6})
+
+
+def _draw_top_ops(fig, names: list[str], ms) -> None:
+    ax = fig.subplots()
+    ax.barh(names, ms, color=COLORS["compute"])
+    ax.invert_yaxis()
+    ax.set_xlabel("ms per step and rank (whole window, all ranks)")
+    ax.set_title("top compute kernels / operators")
 
 
 FIGURES = (fig_step_heatmap, fig_arrival_skew, fig_pipeline_timeline, fig_overlap_bars, fig_imbalance, fig_top_ops)
 
 
-def all_figures(data: RunData) -> tuple[list[Figure], list[str]]:
-    """The figures that apply to the run, and one line per figure that could not be drawn (a
-    trace the figure did not foresee must not cost the whole report)."""
+def plan_figures(data: RunData) -> tuple[list[Figure], list[str]]:
+    """The figures that apply to the run, undrawn, and one line per figure whose data could not be
+    prepared (a trace the figure did not foresee must not cost the whole report). No matplotlib."""
     figs, errors = [], []
     for make in FIGURES:
         try:
             fig = make(data)
         except Exception as exc:  # noqa: BLE001 - reported in the page, the rest still renders
-            plt.close("all")
             errors.append(f"{make.__name__[4:]}: {type(exc).__name__}: {exc}")
             continue
         if fig is not None:
             figs.append(fig)
     return figs, errors
 
+
+def render_figures(figs: list[Figure], errors: list[str] | None = None) -> tuple[list[Figure], list[str]]:
+    """``figs`` drawn (those not drawn yet), without the ones that could not be, and ``errors`` with
+    one line for each of those."""
+    out, errors = [], list(errors or [])
+    for f in figs:
+        try:
+            f.png  # noqa: B018 - draws it
+        except Exception as exc:  # noqa: BLE001 - reported in the page, the rest still renders
+            errors.append(f"{f.name}: {type(exc).__name__}: {exc}")
+            continue
+        out.append(f)
+    return out, errors
+
+
+def all_figures(data: RunData) -> tuple[list[Figure], list[str]]:
+    """The figures that apply to the run, drawn, and one line per figure that could not be drawn."""
+    return render_figures(*plan_figures(data))

@@ -29,7 +29,7 @@ class RunData:
     ranks: pd.DataFrame                 # one row per rank: host, world_size, backend, device, windows
     groups: pd.DataFrame                # process groups: pg_name, pg_desc, pg_size, pg_ranks
     params: dict                        # the analysis parameters the results were computed with
-    pipeline_idle: pd.DataFrame = field(default_factory=pd.DataFrame)  # run, rank, stage, step, kind, caused_by_rank, lo_ns, hi_ns, dur_ns
+    pipeline_idle: pd.DataFrame | None = field(default_factory=pd.DataFrame)  # run, rank, stage, step, kind, caused_by_rank, lo_ns, hi_ns, dur_ns; None: a pipeline's, not loaded
     events: int = 0                     # stored events of the run (what a replay graph has to hold)
     caveats: list[str] = field(default_factory=list)  # what the report cannot know or corrected (caveats.py)
 
@@ -82,7 +82,9 @@ def ensure_results(store: str | os.PathLike, runs: list[str], all_runs: list[str
 
 
 def load_run(con, store: str | os.PathLike, run: str, with_intervals: bool = True) -> RunData:
-    """Read one run's saved results and job shape from an open store connection."""
+    """Read one run's saved results and job shape from an open store connection; with
+    ``with_intervals``, a pipeline's idle intervals too (the timeline figure draws them; they
+    cost most of the analyses' SQL chain), else its ``pipeline_idle`` is None (not loaded)."""
     results = {name: con.execute(f"SELECT * FROM result_{name} WHERE run = $run", {"run": run}).df()
                for name in S.RESULTS}
     ranks = con.execute("""
@@ -99,8 +101,8 @@ def load_run(con, store: str | os.PathLike, run: str, with_intervals: bool = Tru
                    events=int(events))
     from .caveats import run_caveats
     data.caveats = run_caveats(con, run, results.get("launch_stats"))
-    if with_intervals and not data.r("pipeline_shape").empty:
-        data.pipeline_idle = pipeline_idle(con, run, data.params)
+    if not data.r("pipeline_shape").empty:
+        data.pipeline_idle = pipeline_idle(con, run, data.params) if with_intervals else None
     return data
 
 

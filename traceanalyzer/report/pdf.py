@@ -10,17 +10,15 @@ import io
 import os
 import textwrap
 
-import matplotlib
+import matplotlib.image as mpimg
+from matplotlib import rc_context
+from matplotlib.backends.backend_pdf import PdfPages
+from matplotlib.figure import Figure
 
-matplotlib.use("Agg")
-import matplotlib.image as mpimg  # noqa: E402
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.backends.backend_pdf import PdfPages  # noqa: E402
-
-from .build import Report  # noqa: E402
-from .findings import ms  # noqa: E402
-from .whatif import replay_note  # noqa: E402
-from .where import denominator  # noqa: E402
+from .build import Report
+from .findings import ms
+from .whatif import replay_note
+from .where import denominator
 
 #: A4 portrait, inches; lines of text per page at the font size below.
 PAGE_IN = (8.27, 11.69)
@@ -49,24 +47,23 @@ def report_lines(report: Report) -> list[str]:
 
 
 def write_pdf(report: Report, path: str | os.PathLike) -> None:
-    """Write the PDF to ``path`` (the caller makes it atomic)."""
+    """Write the PDF to ``path`` (the caller makes it atomic). Each page is its own matplotlib
+    Figure (no pyplot, no backend chosen for the process)."""
     lines = report_lines(report)
-    with plt.rc_context(_RC), PdfPages(path) as pdf:
+    with rc_context(_RC), PdfPages(path) as pdf:
         for start in range(0, max(len(lines), 1), LINES_PER_PAGE):
-            fig = plt.figure(figsize=PAGE_IN)
+            fig = Figure(figsize=PAGE_IN)
             fig.text(0.05, 0.97, "\n".join(lines[start:start + LINES_PER_PAGE]), va="top", ha="left")
             pdf.savefig(fig)
-            plt.close(fig)
         for rr in report.runs:
             for f in rr.figures:
                 img = mpimg.imread(io.BytesIO(f.png), format="png")
-                fig = plt.figure(figsize=PAGE_IN)
+                fig = Figure(figsize=PAGE_IN)
                 ax = fig.add_axes((0.05, 0.3, 0.9, 0.62))
                 ax.imshow(img)
                 ax.axis("off")
                 fig.text(0.05, 0.97, textwrap.fill(f"run {rr.run}: {f.title}", WRAP_CHARS), va="top")
                 fig.text(0.05, 0.27, textwrap.fill(f.caption, WRAP_CHARS), va="top")
                 pdf.savefig(fig)
-                plt.close(fig)
         info = pdf.infodict()
         info["Title"], info["Creator"] = "traceanalyzer report", f"traceanalyzer {report.versions.get('traceanalyzer')}"

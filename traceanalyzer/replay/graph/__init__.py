@@ -99,7 +99,8 @@ def build_graph(store_or_con, run: str | None = None) -> Graph:
 
 def _build(con, run: str) -> Graph:
     t0 = time.perf_counter()
-    warm_up()      # numba loads its kernels in a thread while DuckDB works
+    (events,) = con.execute("SELECT count(*) FROM events WHERE run = $run", {"run": run}).fetchone()
+    warm_up(events)  # numba loads its kernels in a thread while DuckDB works (not for a small run)
     params = {"run": run, "tail_ns": GAP_WAIT_MAX_TAIL_NS, "min_gap_ns": CROSS_THREAD_MIN_GAP_NS,
               "sync_name": BLOCKING_SYNC_NAME, "transfer_q": LAZY_P2P_TRANSFER_QUANTILE, "stream_wait": STREAM_WAIT_NAME,
               "OP": OP, "GAP": GAP, "KERNEL": KERNEL, "ARRIVE": ARRIVE, "POST": POST, "SYNC": SYNC}

@@ -177,7 +177,7 @@ def topo_order(ms, kind, src, n, is_lane, ptr) -> np.ndarray:
         return order
     key = np.empty(n, dtype=np.float64)
     key[order] = np.arange(n, dtype=np.float64)
-    passes = repair_kernel()(key, order, ptr, src, 200)
+    passes = repair_kernel(n)(key, order, ptr, src, 200)
     if passes >= 0:
         return order if passes == 0 else np.argsort(key, kind="stable")
     key[order] = np.arange(n, dtype=np.float64)
