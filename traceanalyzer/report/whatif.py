@@ -203,6 +203,8 @@ def replay_sentence(f: Finding) -> str:
     if r.get("status") != "ok":
         return f"replay: not used ({r.get('reason', 'not run')})"
     who = ("rank " if len(r["ranks"]) == 1 else "ranks ") + ", ".join(map(str, r["ranks"]))
+    if f.kind == "structural":
+        who += " (its extra work spread over the other stages)"
     err = r.get("identity_error") or {}
     err_txt = (f" (identity-replay error: median {100 * err['median']:.1f} %, p90 {100 * err['p90']:.1f} %)"
                if "median" in err and "p90" in err else "")

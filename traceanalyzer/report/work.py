@@ -46,27 +46,26 @@ def same_work(con, run: str, results: dict) -> dict[int, bool | None]:
     if not flagged:
         return {}
     run_ranks = sorted(int(r) for r in im["rank"])
+    names = [] if ops is None or ops.empty else \
+        ops[ops["category"] == "compute"].nlargest(SHAPE_OPS, "mean_ns_per_step")["name"].tolist()
+    peers = {rank: _peers(results, run_ranks, rank) for rank in flagged}
+    if not names:
+        return {rank: None for rank in flagged}
+    # one pass over the run's events for every flagged rank and its peers (a 128-rank run may flag 16)
+    rows = con.execute("""
+        SELECT rank, name, json_extract_string(args_json, '$."Input Dims"') AS dims, count(*) AS n
+        FROM events
+        WHERE run = $run AND ph = 'X' AND step IS NOT NULL AND name IN (SELECT unnest($names))
+          AND rank IN (SELECT unnest($ranks))
+        GROUP BY ALL""", {"run": run, "names": names,
+                          "ranks": sorted(set(flagged) | {p for ps in peers.values() for p in ps})}).df()
+    rows = rows[rows["dims"].notna()]   # ops that carry no shapes (autograd's wrappers) tell nothing
+    per = {int(r): Counter(dict(zip(zip(g["name"], g["dims"]), g["n"]))) for r, g in rows.groupby("rank")}
     out: dict[int, bool | None] = {}
     for rank in flagged:
-        peers = _peers(results, run_ranks, rank)
-        names = [] if ops is None or ops.empty else \
-            ops[ops["category"] == "compute"].nlargest(SHAPE_OPS, "mean_ns_per_step")["name"].tolist()
-        if not peers or not names:
-            out[rank] = None
-            continue
-        rows = con.execute("""
-            SELECT rank, name, json_extract_string(args_json, '$."Input Dims"') AS dims, count(*) AS n
-            FROM events
-            WHERE run = $run AND ph = 'X' AND step IS NOT NULL AND name IN (SELECT unnest($names))
-              AND rank IN (SELECT unnest($ranks))
-            GROUP BY ALL""", {"run": run, "names": names, "ranks": [rank] + peers}).df()
-        rows = rows[rows["dims"].notna()]   # ops that carry no shapes (autograd's wrappers) tell nothing
-        if rows.empty:
-            out[rank] = None          # shapes not recorded (record_shapes off): cannot tell
-            continue
-        per = {r: Counter(dict(zip(zip(g["name"], g["dims"]), g["n"]))) for r, g in rows.groupby("rank")}
-        mine = per.get(rank)
-        out[rank] = None if mine is None or any(p not in per for p in peers) else all(per[p] == mine for p in peers)
+        mine, ps = per.get(rank), peers[rank]
+        # unknown: no shapes recorded (record_shapes off), no peer, or a peer without them
+        out[rank] = None if mine is None or not ps or any(p not in per for p in ps) else all(per[p] == mine for p in ps)
     return out
 
 
