@@ -140,7 +140,8 @@ def apply_replay(store, data: RunData, findings: list[Finding], max_events: int 
     confirmed = 0
     for i, f in enumerate(targets):
         if confirmed >= REPLAY_MAX_FINDINGS or i >= REPLAY_MAX_FINDINGS * REPLAY_MAX_WHATIFS_FACTOR:
-            f.replay = {"status": "skipped", "reason": f"only the top {REPLAY_MAX_FINDINGS} rank findings are replayed"}
+            f.replay = {"status": "skipped", "reason": f"replay stops once {REPLAY_MAX_FINDINGS} rank findings are "
+                                                      f"confirmed (or after {REPLAY_MAX_FINDINGS * REPLAY_MAX_WHATIFS_FACTOR} what-ifs)"}
             continue
         ranks = _target_ranks(f, data)
         plan = _structural_plan(f, data, ranks) if f.kind == "structural" else \
