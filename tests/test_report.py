@@ -60,6 +60,9 @@ def test_first_finding_is_the_injected_fault(run, doc, html_text):
     assert first["order"] == 1
     if kind == "exposed_comm":
         assert first["recoverable_pct"] > 5 and first["recoverable_source"] == "estimate"
+    elif kind == "imbalance":  # replayed; at least the wait its peers measurably spent on it (whatif.py)
+        assert first["replay"]["status"] == "ok" and "straggler" in first["also"]
+        assert first["recoverable_ns_per_step"] >= max(first["replay"]["saving_ns_per_step"], 0.0)
     else:  # valued by the what-if replay of idealising that rank
         assert first["recoverable_source"] == "replay" and first["replay"]["status"] == "ok"
         assert first["recoverable_ns_per_step"] == pytest.approx(max(first["replay"]["saving_ns_per_step"], 0.0))

@@ -82,7 +82,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     _s("exposed_comm_min_pct", 5.0, "an exposed-communication finding needs at least this much recoverable time, in % of the median step", "report"),
     _s("exposed_evidence_top", 3, "exposed intervals listed as evidence of an exposed-communication finding", "report"),
     # one what-if costs two replays of the whole graph plus the plan: ~0.6 s for 13 M events on 2 cores
-    _s("replay_max_findings", 3, "at most this many rank findings (largest estimate first) are replayed; the others keep their estimate", "report"),
+    _s("replay_max_findings", 3, "rank findings are replayed (largest estimate first) until this many are confirmed (at most 3x as many what-ifs); the others keep their estimate", "report"),
     # a 128-rank DLRM job flags 16 ranks that each cost 0.07 % of a step
     _s("replay_min_pct", 1.0, "findings whose estimate is below this % of the median step are not replayed", "report"),
     # building the graph costs ~0.5 us per stored event on 2 cores: graph + 3 what-ifs of a 20 M-event

@@ -25,8 +25,8 @@ from what the trace says about it, the communication is re-planned, and the step
 * the communication lane: one FIFO per process group (gloo runs a bucket after the previous one;
   the runloop threads share the rank's core and link); bucket k starts when every rank has it ready
   and bucket k-1 is done, and takes the alpha-beta time of ``alphabeta.fit`` on the same run
-  (rescaled to ``dp`` ranks by the ring factors; intercept = mean residual, as a step sums its
-  buckets' transfers);
+  (rescaled to ``dp`` ranks by the ring factors; ``center="tail"``: intercept = median residual,
+  the residuals' tail above it charged per byte, so a step's summed transfers keep their mean);
 * shared core (gloo, where the collectives run on the rank's CPU; the reference workloads pin each
   rank to one core): while a transfer is in flight, the rank's backward runs at half speed and so
   does the transfer (at its slowest member's speed). The recorded backward is first brought back
@@ -349,7 +349,7 @@ def predict(store_or_con, run: str | None = None, bucket_mb: float | None = None
     for x in rs:
         x.work = _pure_work(x, shared_core)
     busy = [(x.bw0, x.bw0 + int(x.ready[-1])) for x in rs] if (shared_core and overlap_rec) else None
-    ab = alphabeta.fit(con, run, busy=busy, center="mean")
+    ab = alphabeta.fit(con, run, busy=busy, center="tail")
     host = _host_ns_per_byte(d, extra, overlap_rec)
     fin_gap = float(np.median([x.gap for x in rs]))
     rec_first = (first_bucket_mb if (first_bucket_mb is not None and bucket_mb is None) else

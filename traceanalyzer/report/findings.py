@@ -15,7 +15,9 @@ median step), so the first finding is the one worth fixing first:
 One cause, one finding: a rank flagged both as a straggler and as imbalanced (or as a slow stage)
 is reported once, as the more specific cause (slow stage > imbalance > straggler), with the
 evidence of both. A straggler that does no more compute than its peers is slow for another
-reason (its host, a sleep, contention) and stays a straggler.
+reason (its host, a sleep, contention) and stays a straggler; a rank that computes longer than its
+peers while running the same operations on the same input shapes has a slower host, not more work,
+and is no imbalance (work.py).
 """
 from __future__ import annotations
 
@@ -122,6 +124,8 @@ def _imbalance(data: RunData) -> list[Finding]:
     a2a = data.r("all_to_all_balance")
     out = []
     for r in im[im["is_finding"].fillna(False).astype(bool)].itertuples() if not im.empty else ():
+        if data.same_work.get(int(r.rank)) is True:   # the same ops on the same shapes: a slower host (work.py)
+            continue
         ev = [f"computes {ms(r.compute_ns_per_step)} per step, {r.ratio_to_mean:.2f}x the mean of the ranks "
               f"(+{ms(r.excess_ns_per_step)}, {r.excess_pct:.1f}% of the step)",
               f"did the most work in {r.steps_max} of {r.steps} steps"]
@@ -390,6 +394,9 @@ def negatives(data: RunData, findings: list[Finding]) -> list[str]:
     if "imbalance" not in kinds:
         out.append(f"No imbalance found: no rank computes at least {p.get('imbalance_min_ratio', 1.1):g}x the mean "
                    f"of the ranks with an excess of at least {p.get('imbalance_min_excess_pct', 5.0):g}% of a step.")
+    from .work import same_work_note
+    out += [same_work_note(data, r) for r, same in sorted(data.same_work.items())
+            if same is True and r not in {f.rank for f in findings}]
     if not data.r("pipeline_shape").empty and "slow_stage" not in kinds:
         out.append(f"No slow pipeline stage found: no stage's own time exceeds the others' by at least "
                    f"{p.get('slow_stage_min_excess_pct', 10.0):g}% of a step.")
