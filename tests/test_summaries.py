@@ -3,6 +3,7 @@ path gives the one-connection path's results on shipped runs, a second ``analyze
 events, and the summaries are computed again when the parameters change."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -108,3 +109,18 @@ def test_map_on_a_process_pool(tmp_path_factory):
     assert len(entry["files"]["step_phases"]) == 4 and len(entry["files"]["step_alignment"]) == 1
     rows = sum(pq.read_metadata(store / f).num_rows for f in entry["files"]["step_phases"])
     assert rows > 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("distributed") is None, reason="dask[distributed] not installed")
+def test_analyze_cli_on_a_dask_local_cluster(tmp_path_factory, run_cli):
+    """``analyze --dask local:2``: the per-rank map runs as Dask tasks; the results are the ones
+    of the one-connection path (``--no-summaries``)."""
+    store = ingest_runs(tmp_path_factory, "summaries_dask", ("ddp_gloo_4rank_slow2",), workers=1)
+    code, out, err = run_cli("analyze", store, "--dask", "local:2", "--json")
+    assert code == 0, err
+    assert "ddp_gloo_4rank_slow2" in json.loads((store / "_store.json").read_text())["summaries"]
+    code, plain, err = run_cli("analyze", store, "--no-summaries", "--json")
+    assert code == 0, err
+    ours, theirs = json.loads(out)["results"], json.loads(plain)["results"]
+    assert ours["stragglers"] == theirs["stragglers"] and ours["stragglers"]
+    assert ours["phases"] == theirs["phases"] and ours["overlap"] == theirs["overlap"]

@@ -188,16 +188,17 @@ def ensure(store, runs: list[str], params: dict, dask=None, n_workers: int = 1, 
     if not todo:
         return []
     manifest = st.read_manifest(loc)
+    where = str(loc.resolve()) if isinstance(loc, Path) else str(store)  # a cluster's workers: absolute paths
     views = saved_views()
-    staging = st.new_staging(loc)
+    staging = Path(st.new_staging(loc)).resolve()
     try:
         made = {}
         for run in todo:
             if progress:
                 progress(f"summaries of run {run}: {len(ranks_of(manifest, run))} ranks")
-            align = align_task(str(store), run, params, str(staging / f"run-{run}"))
+            align = align_task(where, run, params, str(staging / f"run-{run}"))
             ranks = ranks_of(manifest, run)
-            calls = [(str(store), run, rank, params, align, str(staging / f"run-{run}"), views) for rank in ranks]
+            calls = [(where, run, rank, params, align, str(staging / f"run-{run}"), views) for rank in ranks]
             per_rank = {}
             with open_executor(dask, n_workers=n_workers, n_tasks=len(calls)) as ex:
                 for i, result, failure in ex.map_unordered(map_task, calls, [f"summary-{run}-{r}" for r in ranks]):

@@ -68,7 +68,7 @@ def build_report(store: str | os.PathLike, run: str | None = None, figures: bool
     runs whose results are missing are analysed (and saved) first. ``dask`` (``"local:N"``, a
     scheduler address or a ``distributed.Client``) builds the runs' reports (replay, figures) one
     task per run on a Dask cluster (:func:`traceanalyzer.ingest.executor.run_all`)."""
-    con, runs = open_runs(store, run, progress)
+    con, runs = open_runs(store, run, progress, dask=dask)
     try:
         datas = [load_run(con, store, r, with_intervals=figures) for r in runs]
     finally:
