@@ -47,5 +47,5 @@ CREATE OR REPLACE TEMP VIEW kernel_breakdown AS
 SELECT run, rank, category, name, count(*) AS count, sum(hi_ns - lo_ns) AS total_ns,
        avg(hi_ns - lo_ns) AS mean_ns, max(hi_ns - lo_ns) AS max_ns,
        100.0 * sum(hi_ns - lo_ns) / sum(sum(hi_ns - lo_ns)) OVER (PARTITION BY run, rank, category) AS pct_of_category,
-       row_number() OVER (PARTITION BY run, rank, category ORDER BY sum(hi_ns - lo_ns) DESC) AS rank_in_category
+       row_number() OVER (PARTITION BY run, rank, category ORDER BY sum(hi_ns - lo_ns) DESC, name) AS rank_in_category
 FROM activity_intervals GROUP BY run, rank, category, name;
