@@ -124,3 +124,19 @@ def test_analyze_cli_on_a_dask_local_cluster(tmp_path_factory, run_cli):
     ours, theirs = json.loads(out)["results"], json.loads(plain)["results"]
     assert ours["stragglers"] == theirs["stragglers"] and ours["stragglers"]
     assert ours["phases"] == theirs["phases"] and ours["overlap"] == theirs["overlap"]
+
+
+def test_a_damaged_summary_is_computed_again(tmp_path_factory):
+    """A summary file cut short is not read: the next analyze computes the run's summaries again."""
+    from traceanalyzer.analyses import summaries as sm
+    from traceanalyzer.analyses.results import analyze, effective_params
+    store = ingest_runs(tmp_path_factory, "summaries_damaged", ("ddp_gloo_2rank",), workers=1)
+    first = analyze(store)
+    assert sm.current(store, ["ddp_gloo_2rank"], effective_params({})) == ["ddp_gloo_2rank"]
+    entry = json.loads((store / "_store.json").read_text())["summaries"]["ddp_gloo_2rank"]
+    victim = store / entry["files"]["step_phases"][0]
+    victim.write_bytes(victim.read_bytes()[:20])
+    assert sm.current(store, ["ddp_gloo_2rank"], effective_params({})) == []
+    second = analyze(store)
+    assert all(first[k].equals(second[k]) for k in first)
+    assert not victim.exists()  # replaced by a new generation's file, the old one collected

@@ -172,10 +172,14 @@ def map_task(store: str, run: str, rank: int, params: dict, align: dict, out: st
 # -- the driver -----------------------------------------------------------------------------------
 
 def current(store, runs: list[str], params: dict) -> list[str]:
-    """The runs among ``runs`` whose saved summaries match their data, parameters and code."""
-    manifest = st.read_manifest(st.location(store))
+    """The runs among ``runs`` whose saved summaries match their data, parameters and code (and,
+    in a local store, whose files are whole: a damaged one is computed again, not read)."""
+    from ..store.check import file_problem
+    loc = st.location(store)
+    manifest = st.read_manifest(loc)
     saved = manifest.extra.get(ENTRY, {})
-    return [r for r in runs if saved.get(r, {}).get("key") == key(manifest, r, params)]
+    return [r for r in runs if saved.get(r, {}).get("key") == key(manifest, r, params)
+            and not (isinstance(loc, Path) and any(file_problem(loc / f) for fs in saved[r]["files"].values() for f in fs))]
 
 
 def ensure(store, runs: list[str], params: dict, dask=None, n_workers: int = 1, progress=None) -> list[str]:
@@ -251,7 +255,7 @@ def attach(con, store, runs: list[str], params: dict) -> list[str]:
     loc = st.location(store)
     manifest = st.read_manifest(loc)
     saved = manifest.extra.get(ENTRY, {})
-    if not runs or any(saved.get(r, {}).get("key") != key(manifest, r, params) for r in runs):
+    if not runs or set(current(store, runs, params)) != set(runs):
         return []
     from . import prepare
     prepare(con, modules=[], **params)

@@ -253,10 +253,15 @@ def place(store: Path, staged: dict[str, str], run: str, rank: int, part: str,
     return files
 
 
+def summary_files(manifest: Manifest) -> set[str]:
+    """The per-rank summary files the manifest lists (:mod:`traceanalyzer.analyses.summaries`)."""
+    return {f for r in manifest.extra.get("summaries", {}).values() for fs in r.get("files", {}).values() for f in fs}
+
+
 def collect_garbage(store: Path, manifest: Manifest) -> None:
     """Remove files no manifest lists (left by an ingest that was killed) and old staging dirs."""
     live = {f for t in manifest.traces + manifest.sidecars for f in t["files"].values()}
-    summaries = {f for r in manifest.extra.get("summaries", {}).values() for fs in r.get("files", {}).values() for f in fs}
+    summaries = summary_files(manifest)
     if isinstance(store, Remote):
         from .remote import collect_garbage as collect
         collect(store, live | summaries
