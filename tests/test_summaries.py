@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-
 from conftest import ROOT, ingest_runs
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
