@@ -94,8 +94,9 @@ def main(argv=None) -> int:
             ta.ingest([run], store, run=run.name)
     one, two, times = both(store)
     bad, close = differences(one, two)
-    print("\n".join(bad) if bad else f"same: {len(one)} tables, {sum(len(d) for d in one.values())} rows; "
-          f"{len(one) - len(close)} identical, floats within {FLOAT_RTOL:g} in {', '.join(close) or 'none'}")
+    print("\n".join(bad))
+    print(f"{len(one)} tables, {sum(len(d) for d in one.values())} rows: {len(one) - len(close) - len(bad)} identical, "
+          f"floats within {FLOAT_RTOL:g} in {', '.join(close) or 'none'}; differ: {len(bad)}")
     print(", ".join(f"{k} {v:.1f}" for k, v in times.items()))
     return 1 if bad else 0
 
