@@ -66,7 +66,9 @@ def test_second_analyze_reads_no_events(tmp_path_factory):
     """After the first analyze, every events file is replaced by an empty one: the second analyze
     gives the same results (it reads the summaries), while the one-connection path does not."""
     from traceanalyzer import analyses
-    from traceanalyzer.analyses.results import analyze, compute
+    from traceanalyzer.analyses import modules as M
+    from traceanalyzer.analyses import summaries as sm
+    from traceanalyzer.analyses.results import analyze, compute, effective_params
     store = ingest_runs(tmp_path_factory, "summaries_events", ("ddp_gloo_4rank_slow2",), workers=1)
     first = analyze(store)
     manifest = json.loads((store / "_store.json").read_text())
@@ -75,6 +77,15 @@ def test_second_analyze_reads_no_events(tmp_path_factory):
         pq.write_table(pq.read_schema(f).empty_table(), f)
     second = analyze(store)
     assert [k for k in first if not first[k].equals(second[k])] == []
+    # what the reduce computed itself (temporary tables; the summaries are views over their files):
+    # of the views naming events, only pipeline_shape (the schedule's annotations, pipelines.sql)
+    con = analyses.connect(store)
+    assert sm.attach(con, store, ["ddp_gloo_4rank_slow2"], effective_params({}))
+    compute(con)
+    made = {t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()}
+    assert "overlap_ranks" not in made and "collective_ranks" in made
+    assert {v for v in made & set(M.owner()) if "events" in sm.names_read(v)} == {"pipeline_shape"}
+    con.close()
     con = analyses.connect(store)
     without = compute(con)
     con.close()

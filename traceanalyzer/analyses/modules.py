@@ -18,7 +18,8 @@ Scopes (:mod:`.summaries`): a line ``-- scope: rank`` in the comments just above
 the view depends on one rank's data only (given the ``align`` views); ``-- scope: align`` marks the
 cross-rank views that rank-local ones read (step alignment, clock offsets: computed from ``comms``
 and ``steps``, never ``events``); a view without one is cross-rank. Views :func:`provide` put in a
-connection (saved per-rank summaries) are not made again by :func:`bind`.
+connection (saved per-rank summaries) are not made again by :func:`bind`; once a rank view is
+provided, the other rank views (read only by rank views) are not made either.
 """
 from __future__ import annotations
 
@@ -204,13 +205,16 @@ def bind(con, names) -> list[str]:
     temporary table, unless it holds them for its current variables; returns the modules made now."""
     have = bound(con)
     given = provided(con)
+    rank = {v for mod in modules().values() for v, sc in mod.scopes if sc == "rank"}
+    if given & rank:  # a reduce: the rank views not provided are read by rank views only (summaries)
+        given = given | rank
     todo = [m for m in closure(names, given) if m not in have]
     variables = _variables(con)
     for name in todo:
         for statement in con.extract_statements(modules()[name].text):
             m = _VIEW_RE.match(statement.query)
             if m and m.group(1) in given:
-                continue  # provided: read, not computed
+                continue  # provided (or only read by provided views): read, not computed
             con.execute(statement)
             if m:
                 _materialise(con, m.group(1))
