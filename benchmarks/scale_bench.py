@@ -44,6 +44,10 @@ def phase(spec: dict) -> dict:
     import traceanalyzer as ta
     from traceanalyzer.analyses.results import analyze
     t0 = time.perf_counter()
+    if spec["phase"] == "analyze" and spec.get("reused"):  # a store kept from an earlier run: map again
+        from traceanalyzer.analyses.summaries import forget
+        forget(spec["store"])
+        t0 = time.perf_counter()
     if spec["phase"] == "ingest":
         if Path(spec["store"]).exists():
             shutil.rmtree(spec["store"])
@@ -81,6 +85,7 @@ def main(argv=None) -> int:
     ap.add_argument("--one-connection", action="store_true", help="also today's one-connection analyze")
     ap.add_argument("--report", action="store_true", help="also `report --no-replay`")
     ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--reuse-store", action="store_true", help="keep a store ingested by an earlier run (no ingest)")
     ap.add_argument("--append", action="store_true", help="append the table to benchmarks/RESULTS.md")
     ap.add_argument("--json-out", type=Path)
     args = ap.parse_args(argv)
@@ -92,9 +97,10 @@ def main(argv=None) -> int:
         gen = ab._ensure_input(SimpleNamespace(source_dir=args.source_dir, ranks=n,
                                                events_per_rank=args.events_per_rank), args.workdir)
         store = str(args.workdir / f"store-{n}")
-        spec = {"input": gen["dir"], "store": store, "dask": args.dask}
+        reused = args.reuse_store and (Path(store) / "_store.json").exists()
+        spec = {"input": gen["dir"], "store": store, "dask": args.dask, "reused": reused}
         row = {"ranks": n, "generate_seconds": gen.get("generate_seconds"), "copies": gen.get("copies_per_rank")}
-        phases = ["ingest", "analyze", "analyze_again"] + (["one_connection"] if args.one_connection else []) \
+        phases = ([] if reused else ["ingest"]) + ["analyze", "analyze_again"] + (["one_connection"] if args.one_connection else []) \
             + (["report"] if args.report else [])
         for name in phases:
             res = run(name, spec, args.workdir / f"{name}-{n}.log", args.timeout)

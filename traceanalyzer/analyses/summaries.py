@@ -216,6 +216,19 @@ def ensure(store, runs: list[str], params: dict, dask=None, n_workers: int = 1, 
     return todo
 
 
+def forget(store, runs: list[str] | None = None) -> None:
+    """Drop the saved summaries of ``runs`` (default: all) from the store (their files are collected)."""
+    loc = st.location(store)
+    with st.locked(loc):
+        manifest = st.read_manifest(loc)
+        saved = manifest.extra.get(ENTRY, {})
+        for run in list(saved) if runs is None else runs:
+            saved.pop(run, None)
+        manifest.generation += 1
+        st.write_manifest(loc, manifest)
+        st.collect_garbage(loc, manifest)
+
+
 def _place(loc, path: str, rel_dir: str, part: str) -> str:
     if isinstance(loc, Path):
         rel = f"{rel_dir}/part-{part}.parquet"
