@@ -107,6 +107,9 @@ def test_summaries_follow_the_parameters(tmp_path_factory):
     assert len(again) == len(files) and not set(again) & set(files)
     assert sm.current(store, ["ddp_gloo_2rank"], effective_params({"exposed_top": 3})) == ["ddp_gloo_2rank"]
     assert sm.current(store, ["ddp_gloo_2rank"], effective_params({})) == []
+    sm.forget(store)
+    assert not list((store / sm.FOLDER).rglob("*.parquet"))
+    assert "ddp_gloo_2rank" not in json.loads((store / "_store.json").read_text()).get("summaries", {})
 
 
 def test_map_on_a_process_pool(tmp_path_factory):
