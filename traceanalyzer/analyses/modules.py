@@ -13,6 +13,13 @@ the whole work on a small run. Materialised, each view is planned against tables
 once. The tables hold the results for the parameters set when they were made (the connection's
 DuckDB variables, recorded in ``_ta_bound``); when those change, :func:`bind` drops and re-makes
 everything it made.
+
+Scopes (:mod:`.summaries`): a line ``-- scope: rank`` in the comments just above a view says that
+the view depends on one rank's data only (given the ``align`` views); ``-- scope: align`` marks the
+cross-rank views that rank-local ones read (step alignment, clock offsets: computed from ``comms``
+and ``steps``, never ``events``); a view without one is cross-rank. Views :func:`provide` put in a
+connection (saved per-rank summaries) are not made again by :func:`bind`; once a rank view is
+provided, the other rank views (read only by rank views) are not made either.
 """
 from __future__ import annotations
 
@@ -24,21 +31,42 @@ from importlib import resources
 
 _REQUIRES_RE = re.compile(r"^-- requires: (.*)$", re.MULTILINE)
 _DEFINES_RE = re.compile(r"CREATE OR REPLACE TEMP (?:VIEW|MACRO|TABLE)\s+(\w+)")
+_VIEWS_RE = re.compile(r"CREATE OR REPLACE TEMP (?:VIEW|TABLE)\s+(\w+)")
+_SCOPE_RE = re.compile(r"^-- scope: (\w+)\n(?:--[^\n]*\n)*CREATE OR REPLACE TEMP (?:VIEW|TABLE)\s+(\w+)", re.MULTILINE)
+#: the scopes a view may declare (``-- scope: NAME``); undeclared views are cross-rank
+SCOPES = ("rank", "align")
 
 
 @dataclass(frozen=True)
 class Module:
-    """One SQL module: its name, the modules it reads, the views and macros it defines, its text."""
+    """One SQL module: its name, the modules it reads, the views and macros it defines, its text,
+    and the declared scope of its views ((view, scope) pairs, ``-- scope:`` lines)."""
     name: str
     requires: tuple[str, ...]
     defines: tuple[str, ...]
     text: str
+    scopes: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def views(self) -> list[str]:
+        """The views (not macros) it defines."""
+        return _VIEWS_RE.findall(self.text)
 
 
 def _module(name: str, text: str) -> Module:
     m = _REQUIRES_RE.search(text)
     requires = tuple(r.strip() for r in m.group(1).split(",")) if m and not m.group(1).startswith("(") else ()
-    return Module(name, requires, tuple(_DEFINES_RE.findall(text)), text)
+    scopes = tuple((view, scope) for scope, view in _SCOPE_RE.findall(text))
+    bad = [f"{v}: {sc}" for v, sc in scopes if sc not in SCOPES]
+    if bad:
+        raise ValueError(f"SQL module {name}: unknown scope ({', '.join(bad)}); scopes: {', '.join(SCOPES)}")
+    return Module(name, requires, tuple(_DEFINES_RE.findall(text)), text, scopes)
+
+
+def scoped(scope: str) -> list[str]:
+    """The views declaring ``-- scope: <scope>``, in binding order of their modules."""
+    mods = modules()
+    return [v for m in closure(sorted(mods)) for v, sc in mods[m].scopes if sc == scope]
 
 
 #: SQL modules added from outside the package (:func:`add`, an analysis registered with its own file)
@@ -82,8 +110,9 @@ def owner() -> dict[str, str]:
     return {view: m.name for m in modules().values() for view in m.defines}
 
 
-def closure(names) -> list[str]:
-    """``names`` (modules) with everything they require, each after what it reads."""
+def closure(names, provided=frozenset()) -> list[str]:
+    """``names`` (modules) with everything they require, each after what it reads; a module whose
+    views are all ``provided`` (:func:`provide`) is left out with what it requires."""
     mods, order, seen = modules(), [], set()
 
     def visit(name: str, path: tuple[str, ...]) -> None:
@@ -93,6 +122,10 @@ def closure(names) -> list[str]:
             raise KeyError(f"unknown SQL module {name!r} (required by {' -> '.join(path) or 'the caller'})")
         if name in path:
             raise ValueError(f"SQL modules require each other: {' -> '.join(path + (name,))}")
+        views = mods[name].views
+        if provided and views and all(v in provided for v in views):
+            seen.add(name)
+            return
         for dep in mods[name].requires:
             visit(dep, path + (name,))
         seen.add(name)
@@ -118,14 +151,39 @@ def _variables(con) -> str:
 
 
 def bound(con) -> set[str]:
-    """The modules ``con`` holds, made with its current variables (an empty set when they changed)."""
+    """The modules ``con`` holds, made with its current variables (an empty set when they changed;
+    views provided for other variables are dropped then too)."""
     con.execute("CREATE TEMP TABLE IF NOT EXISTS _ta_bound (module VARCHAR, variables VARCHAR)")
     rows = con.execute("SELECT module, variables FROM _ta_bound").fetchall()
     now = _variables(con)
-    if any(v != now for _, v in rows):
+    stale = [v for v, var in _provided_rows(con) if var != now]
+    if any(v != now for _, v in rows) or stale:
         _drop(con, [m for m, _ in rows])
+        for view in stale:
+            con.execute(f"DROP VIEW IF EXISTS {view}")
+        con.execute("DELETE FROM _ta_provided WHERE variables <> ?", [now])
         return set()
     return {m for m, _ in rows}
+
+
+def _provided_rows(con) -> list[tuple[str, str]]:
+    con.execute("CREATE TEMP TABLE IF NOT EXISTS _ta_provided (view VARCHAR, variables VARCHAR)")
+    return con.execute("SELECT view, variables FROM _ta_provided").fetchall()
+
+
+def provide(con, view: str, select: str) -> None:
+    """Make ``view`` in ``con`` as ``select`` (e.g. over saved per-rank summaries) for the current
+    variables: :func:`bind` then reads it instead of computing it (until the variables change)."""
+    _provided_rows(con)
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS {select}")
+    con.execute("DELETE FROM _ta_provided WHERE view = ?", [view])
+    con.execute("INSERT INTO _ta_provided VALUES (?, ?)", [view, _variables(con)])
+
+
+def provided(con) -> set[str]:
+    """The views :func:`provide` put in ``con`` (for its current variables)."""
+    now = _variables(con)
+    return {v for v, var in _provided_rows(con) if var == now}
 
 
 def _drop(con, names) -> None:
@@ -146,12 +204,18 @@ def bind(con, names) -> list[str]:
     """Make the views of modules ``names`` (and of what they require) in ``con``, each as a
     temporary table, unless it holds them for its current variables; returns the modules made now."""
     have = bound(con)
-    todo = [m for m in closure(names) if m not in have]
+    given = provided(con)
+    rank = {v for mod in modules().values() for v, sc in mod.scopes if sc == "rank"}
+    if given & rank:  # a reduce: the rank views not provided are read by rank views only (summaries)
+        given = given | rank
+    todo = [m for m in closure(names, given) if m not in have]
     variables = _variables(con)
     for name in todo:
         for statement in con.extract_statements(modules()[name].text):
-            con.execute(statement)
             m = _VIEW_RE.match(statement.query)
+            if m and m.group(1) in given:
+                continue  # provided (or only read by provided views): read, not computed
+            con.execute(statement)
             if m:
                 _materialise(con, m.group(1))
         con.execute("INSERT INTO _ta_bound VALUES (?, ?)", [name, variables])

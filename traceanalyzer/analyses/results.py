@@ -116,12 +116,20 @@ def save(store: str | os.PathLike, results: dict[str, pd.DataFrame], params: dic
 
 
 def analyze(store: str | os.PathLike, run: str | None = None, only: list[str] | None = None,
-            save_results: bool = True, **params) -> dict[str, pd.DataFrame]:
-    """Run the analyses over ``store`` (all ranks), save them in it, and return them."""
+            save_results: bool = True, summaries: bool = True, dask=None, n_workers: int = 1,
+            **params) -> dict[str, pd.DataFrame]:
+    """Run the analyses over ``store`` (all ranks), save them in it, and return them. With
+    ``summaries`` (and a writable store) the rank-local views are computed rank by rank (on
+    ``dask`` / ``n_workers``, :mod:`traceanalyzer.ingest.executor`), saved, and read from there by
+    the cross-rank ones (:mod:`.summaries`); a second call reuses them."""
     from . import connect
     con = connect(store)
     try:
         runs = [resolve_run(con, run, where=store)] if run is not None else store_runs(con)
+        if summaries and save_results and st.writable(st.location(store)):
+            from . import summaries as sm
+            sm.ensure(store, runs, effective_params(params), dask=dask, n_workers=n_workers)
+            sm.attach(con, store, runs, effective_params(params))
         results = compute(con, run=run, only=only, **params)
     finally:
         con.close()

@@ -107,7 +107,8 @@ def _cmd_analyze(args) -> int:
     from ..analyses.results import analyze, format_text, to_json
     params = _parse_params(args.set or [])
     only = [x.strip() for x in args.only.split(",")] if args.only else None
-    results = analyze(args.store, run=args.run, only=only, save_results=not args.no_save, **params)
+    results = analyze(args.store, run=args.run, only=only, save_results=not args.no_save,
+                      summaries=not args.no_summaries, dask=_dask_spec(args), n_workers=args.workers, **params)
     print(to_json(results, params) if args.json else format_text(results, params))
     return 0
 
@@ -315,6 +316,11 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="analysis parameter (repeatable); the list and defaults are below")
     s.add_argument("--json", action="store_true", help="print one JSON document (keys from the schema, with versions)")
     s.add_argument("--no-save", action="store_true", help="do not save the results in the store")
+    s.add_argument("--no-summaries", action="store_true",
+                   help="compute every view over all ranks' events in one connection (no per-rank summaries)")
+    s.add_argument("--workers", type=int, default=1, metavar="N",
+                   help="per-rank summaries on a local pool of N processes (default 1: in this process)")
+    _cluster_options(s, "compute the per-rank summaries (one task per rank)")
     s.set_defaults(func=_cmd_analyze)
 
     s = sub.add_parser("schema", help="print every table and column of the store schema, and every analysis's result table")

@@ -77,7 +77,7 @@ def build_report(store: str | os.PathLike, run: str | None = None, figures: bool
     leaves the figures undrawn (drawn when first written as HTML, Markdown or PDF);
     ``figures="listed"`` only names, titles and captions them -- all the JSON report shows -- and
     loads nothing to draw them with (a pipeline's idle intervals: most of the analyses' SQL)."""
-    con, runs = open_runs(store, run, progress)
+    con, runs = open_runs(store, run, progress, dask=dask)
     try:
         datas = [load_run(con, store, r, with_intervals=figures is True) for r in runs]
         if dask is None:  # in this process, one run after the other (what run_all does without dask)

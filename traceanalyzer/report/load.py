@@ -65,7 +65,8 @@ def missing_results(store: str | os.PathLike, runs: list[str]) -> dict[str, list
     return out
 
 
-def ensure_results(store: str | os.PathLike, runs: list[str], all_runs: list[str], progress=None) -> None:
+def ensure_results(store: str | os.PathLike, runs: list[str], all_runs: list[str], progress=None,
+                   dask=None) -> None:
     """Run ``analyze`` for what is missing: once for the whole store when every run misses the same
     tables (the SQL views cost about the same for one run as for all), else run by run."""
     from ..analyses.results import analyze
@@ -76,10 +77,10 @@ def ensure_results(store: str | os.PathLike, runs: list[str], all_runs: list[str
         progress(f"analysing {', '.join(missing)} (results not saved in the store yet)")
     names = {tuple(v) for v in missing.values()}
     if set(missing) == set(all_runs) and len(names) == 1:
-        analyze(store, only=list(names.pop()))
+        analyze(store, only=list(names.pop()), dask=dask)
     else:
         for run, only in missing.items():
-            analyze(store, run=run, only=only)
+            analyze(store, run=run, only=only, dask=dask)
 
 
 def load_run(con, store: str | os.PathLike, run: str, with_intervals: bool = True) -> RunData:
@@ -116,7 +117,7 @@ def pipeline_idle(con, run: str, params: dict) -> pd.DataFrame:
     return con.execute("SELECT * FROM pipeline_idle WHERE run = $run ORDER BY rank, step, lo_ns", {"run": run}).df()
 
 
-def open_runs(store: str | os.PathLike, run: str | None, progress=None):
+def open_runs(store: str | os.PathLike, run: str | None, progress=None, dask=None):
     """Open ``store``, check ``run``, make sure its results are saved; returns (con, runs)."""
     from ..analyses import connect
     con = connect(store)
@@ -131,7 +132,7 @@ def open_runs(store: str | os.PathLike, run: str | None, progress=None):
         return con, runs
     if missing_results(store, runs):
         con.close()
-        ensure_results(store, runs, runs_all, progress)
+        ensure_results(store, runs, runs_all, progress, dask=dask)
         con = connect(store)  # the result views are created when the store is opened
     return con, runs
 

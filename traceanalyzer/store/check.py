@@ -185,11 +185,12 @@ def _inspect(store: Path, manifest: st.Manifest) -> CheckReport:
                 report.bad_results.append(rel)
     live = {f for t in manifest.traces + manifest.sidecars for f in t.get("files", {}).values()}
     live |= {f for r in manifest.extra.get("results", {}).values() for f in r.get("files", {}).values()}
+    live |= st.summary_files(manifest)
     if not isinstance(store, Path):  # old unlisted objects; no lock, no staging on a remote store
         from .remote import unlisted
         report.junk = unlisted(store, live)
         return report
-    for table in [*S.TABLES, "_results"]:
+    for table in [*S.TABLES, "_results", "_summaries"]:
         root = store / table
         if root.exists():
             report.junk += sorted(p.relative_to(store).as_posix() for p in root.rglob("*.parquet")

@@ -253,12 +253,19 @@ def place(store: Path, staged: dict[str, str], run: str, rank: int, part: str,
     return files
 
 
+def summary_files(manifest: Manifest) -> set[str]:
+    """The per-rank summary files the manifest lists (:mod:`traceanalyzer.analyses.summaries`)."""
+    return {f for r in manifest.extra.get("summaries", {}).values() for fs in r.get("files", {}).values() for f in fs}
+
+
 def collect_garbage(store: Path, manifest: Manifest) -> None:
     """Remove files no manifest lists (left by an ingest that was killed) and old staging dirs."""
     live = {f for t in manifest.traces + manifest.sidecars for f in t["files"].values()}
+    summaries = summary_files(manifest)
     if isinstance(store, Remote):
         from .remote import collect_garbage as collect
-        collect(store, live | {f for r in manifest.extra.get("results", {}).values() for f in r.get("files", {}).values()})
+        collect(store, live | summaries
+                | {f for r in manifest.extra.get("results", {}).values() for f in r.get("files", {}).values()})
         return
     for table in S.TABLES:
         root = store / table
@@ -275,6 +282,9 @@ def collect_garbage(store: Path, manifest: Manifest) -> None:
     results = {f for r in manifest.extra.get("results", {}).values() for f in r.get("files", {}).values()}
     for path in (store / "_results").rglob("*.parquet") if (store / "_results").exists() else ():
         if path.relative_to(store).as_posix() not in results:
+            path.unlink(missing_ok=True)
+    for path in (store / "_summaries").rglob("*.parquet") if (store / "_summaries").exists() else ():
+        if path.relative_to(store).as_posix() not in summaries:  # per-rank summaries no longer current
             path.unlink(missing_ok=True)
     for staging in store.glob(".staging-*"):  # we hold the lock: no other ingest is staging
         shutil.rmtree(staging, ignore_errors=True)
@@ -294,10 +304,12 @@ def _sql_list(paths: list[str]) -> str:
     return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
 
 
-def open_store(store: str | os.PathLike, read_only_db: str | None = None):
+def open_store(store: str | os.PathLike, read_only_db: str | None = None, select=None):
     """A DuckDB connection with one view per canonical table (plus ``runs``) over the store, the
     ``comms_fr`` and ``comms_nccl`` views, and the ``nccl_comm_map`` table (computed here, in memory,
-    by :mod:`traceanalyzer.analyses.nccl_join` when the store holds NCCL logs or plugin output)."""
+    by :mod:`traceanalyzer.analyses.nccl_join` when the store holds NCCL logs or plugin output).
+    ``select(entry) -> bool`` keeps only some traces and per-process inputs (one rank's: the
+    per-rank summaries, :mod:`traceanalyzer.analyses.summaries`)."""
     import duckdb  # imported here: ingest workers never need it
     store = location(store)
     if isinstance(store, Path) and not (store / MANIFEST).exists():
@@ -306,6 +318,9 @@ def open_store(store: str | os.PathLike, read_only_db: str | None = None):
     if isinstance(store, Remote) and manifest.generation == 0:  # a prefix that holds nothing yet
         raise StoreError(not_a_store(store))
     from .check import healthy
+    if select is not None:
+        manifest = Manifest(manifest.schema_version, manifest.generation, [t for t in manifest.traces if select(t)],
+                            manifest.extra, [t for t in manifest.sidecars if select(t)])
     manifest = healthy(store, manifest)  # a damaged run is left out (one warning line)
     con = duckdb.connect(read_only_db or ":memory:")
     where = _readable(store, manifest, con)

@@ -24,6 +24,7 @@
 
 -- Columns: run, rank, window_id, step, category (compute/comm/memory), lo_ns, hi_ns, name,
 -- comm_id (comms row for comm intervals).
+-- scope: rank
 CREATE OR REPLACE TEMP VIEW activity_intervals AS
 WITH gpu_windows AS (
     SELECT DISTINCT run, rank, window_id FROM events WHERE kind IN ('compute_kernel', 'comm_kernel')
@@ -86,7 +87,9 @@ SELECT run, rank, window_id, step, lo_ns, hi_ns, hi_ns - lo_ns AS dur_ns,
 FROM running WHERE hi_ns IS NOT NULL AND hi_ns > lo_ns;
 
 -- Per step (see _activity_sweep).
+-- scope: rank
 CREATE OR REPLACE TEMP VIEW activity_segments AS SELECT * FROM _activity_sweep(true);
 
 -- Per rank and window, all steps together (see _activity_sweep).
+-- scope: rank
 CREATE OR REPLACE TEMP VIEW _activity_window_segments AS SELECT * FROM _activity_sweep(false);

@@ -15,6 +15,7 @@
 -- requires: phases, step_alignment
 
 -- Columns: run, rank, step, phase, name, ns (exclusive time in the step), n (ranges).
+-- scope: rank
 CREATE OR REPLACE TEMP VIEW _user_annotation_time AS
 WITH ranges AS (
     SELECT run, rank, window_id, tid, step, event_id, name, ts_ns AS lo, ts_ns + dur_ns AS hi

@@ -82,9 +82,10 @@ charged_islands AS (  -- the union of the charged parts of a gap (several sends 
            lo_ns AS c_lo, hi_ns AS c_hi, island
     FROM _interval_islands(charged_keyed)
 ),
-per_gap AS (  -- the stall: the union of the charged parts, charged to the peer of its longest island
-    SELECT run, rank, step, lo_ns, hi_ns, arg_max(src_rank, ns) AS src_rank, least(sum(ns), hi_ns - lo_ns) AS stall_ns
-    FROM (SELECT run, rank, step, lo_ns, hi_ns, island, arg_max(src_rank, c_hi - c_lo) AS src_rank,
+per_gap AS (  -- the stall: the union of the charged parts, charged to the peer of its longest island (ties:
+              -- the lowest rank, whatever order the rows come in)
+    SELECT run, rank, step, lo_ns, hi_ns, arg_max(src_rank, (ns, -src_rank)) AS src_rank, least(sum(ns), hi_ns - lo_ns) AS stall_ns
+    FROM (SELECT run, rank, step, lo_ns, hi_ns, island, arg_max(src_rank, (c_hi - c_lo, -src_rank)) AS src_rank,
                  max(c_hi) - min(c_lo) AS ns
           FROM charged_islands GROUP BY run, rank, step, lo_ns, hi_ns, island)
     GROUP BY run, rank, step, lo_ns, hi_ns

@@ -25,6 +25,7 @@
 -- made binding the analyses five times slower).
 --
 -- requires: (nothing: reads the canonical tables only)
+-- scope: align
 CREATE OR REPLACE TEMP VIEW _clock_decisions AS
 WITH ends AS (
     SELECT run, coalesce(pg_name, '?') AS pg, seq, rank, end_ts_ns,
@@ -50,6 +51,7 @@ _decided AS (
 SELECT run, rank, estimated_offset_ns, n_collectives, why IS NOT NULL AS applied, why, n_hosts, max_abs_offset_ns
 FROM _decided;
 
+-- scope: align
 CREATE OR REPLACE TEMP VIEW clock_offsets AS
 SELECT run, rank, estimated_offset_ns, n_collectives, applied,
        CASE WHEN applied THEN estimated_offset_ns ELSE 0 END AS offset_ns
@@ -57,6 +59,7 @@ FROM _clock_decisions;
 
 -- runs without a collective seen on two ranks have no row (nothing to apply); the steps are read
 -- here only (not in the chain every analysis binds)
+-- scope: align
 CREATE OR REPLACE TEMP VIEW clock_alignment AS
 WITH d AS (SELECT DISTINCT run, applied, why, n_hosts, max_abs_offset_ns FROM _clock_decisions),
 s AS (SELECT run, median(dur_ns) AS median_step_ns FROM steps GROUP BY run)

@@ -7,6 +7,7 @@
 -- Columns: run, rank, window_id, stream, name, kind, ts_ns, dur_ns, launch_ts_ns, launch_dur_ns,
 -- launch_name, launch_delay_ns (GPU start - end of the launch call, clipped at 0 as HTA does),
 -- raw_launch_delay_ns (not clipped: negative when the GPU op starts before the call returns).
+-- scope: rank
 CREATE OR REPLACE TEMP VIEW _gpu_launches AS
 SELECT g.run, g.rank, g.window_id, g.stream, g.name, g.kind, g.ts_ns, g.dur_ns,
        r.ts_ns AS launch_ts_ns, r.dur_ns AS launch_dur_ns, r.name AS launch_name,
@@ -28,6 +29,7 @@ WHERE g.kind IN ('compute_kernel', 'comm_kernel', 'memcpy', 'memset');
 -- is behind (offset = the most negative start - call start). Needs clock_offset_min_launches.
 -- Columns: run, rank, launches, min_launch_delay_ns (raw, may be < 0), median_raw_launch_delay_ns,
 -- early_launches, clock_offset_ns (NULL: none detected), clock_offset_reason.
+-- scope: rank
 CREATE OR REPLACE TEMP VIEW _gpu_clock_offset AS
 WITH s AS (
     SELECT run, rank, count(*) AS launches, min(raw_launch_delay_ns) AS min_launch_delay_ns,
@@ -61,6 +63,7 @@ FROM d;
 -- removing a detected clock offset), min_launch_delay_ns (raw), clock_offset_ns
 -- and clock_offset_reason (_gpu_clock_offset; NULL when none), corrected_median_launch_delay_ns
 -- (median delay less the offset, clipped at 0).
+-- scope: rank
 CREATE OR REPLACE TEMP VIEW launch_stats AS
 SELECT g.run, g.rank, count(*) AS launches,
        avg(launch_delay_ns) AS mean_launch_delay_ns, median(launch_delay_ns) AS median_launch_delay_ns,
@@ -77,6 +80,7 @@ FROM _gpu_launches g LEFT JOIN _gpu_clock_offset o USING (run, rank) GROUP BY g.
 -- Queue length per stream: +1 when a launch call starts, -1 when the GPU operation starts.
 -- Columns: run, rank, stream, launches, max_queue, mean_queue (time-weighted over the stream's
 -- activity; HTA reports an unweighted mean over samples instead).
+-- scope: rank
 CREATE OR REPLACE TEMP VIEW queue_length AS
 WITH deltas AS (
     SELECT run, rank, window_id, stream, launch_ts_ns AS t, 1 AS d FROM _gpu_launches
@@ -97,6 +101,7 @@ FROM running GROUP BY run, rank, stream;
 --   kernel_wait otherwise, a gap shorter than idle_kernel_wait_ns (default 30 us);
 --   other       the rest.
 -- Columns: run, rank, stream, category, idle_ns, gaps, idle_pct (of the stream's span).
+-- scope: rank
 CREATE OR REPLACE TEMP VIEW idle_breakdown AS
 WITH ordered AS (
     SELECT run, rank, window_id, stream, ts_ns, dur_ns, launch_ts_ns,

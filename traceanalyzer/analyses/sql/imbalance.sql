@@ -13,6 +13,8 @@
 --   seqlen_min_corr           forward and backward durations correlated at least this much across
 --                             steps suggest sequence-length imbalance (default 0.9)
 --
+-- max_rank (the rank with the most): a tie goes to the lowest rank, whatever order the rows come in.
+--
 -- requires: activity, phases, pipelines
 
 -- Columns: run, step, n_ranks, mean_ns, max_ns, min_ns, max_over_mean, cv, max_rank.
@@ -23,7 +25,7 @@ WITH per_rank AS (
 )
 SELECT run, step, count(*) AS n_ranks, avg(compute_ns) AS mean_ns, max(compute_ns) AS max_ns,
        min(compute_ns) AS min_ns, max(compute_ns) / nullif(avg(compute_ns), 0) AS max_over_mean,
-       stddev_pop(compute_ns) / nullif(avg(compute_ns), 0) AS cv, arg_max(rank, compute_ns) AS max_rank
+       stddev_pop(compute_ns) / nullif(avg(compute_ns), 0) AS cv, arg_max(rank, (compute_ns, -rank)) AS max_rank
 FROM per_rank GROUP BY ALL;
 
 -- Per rank: compute relative to the mean of its peers, median over steps; the finding rows.
@@ -43,7 +45,7 @@ WITH per_rank AS (
     GROUP BY a.run, a.rank, a.step
 ),
 peer_steps AS (
-    SELECT run, peers, step, avg(compute_ns) AS mean_ns, arg_max(rank, compute_ns) AS max_rank
+    SELECT run, peers, step, avg(compute_ns) AS mean_ns, arg_max(rank, (compute_ns, -rank)) AS max_rank
     FROM per_rank GROUP BY ALL
 ),
 rel AS (
@@ -103,7 +105,7 @@ WITH per_rank AS (
 ranks_per_run AS (SELECT run, count(DISTINCT rank) AS n FROM per_rank GROUP BY run),
 per_step AS (
     SELECT p.run, p.step, p.category, p.name, sum(p.ns) / any_value(r.n) AS mean_ns, max(p.ns) AS max_ns,
-           arg_max(p.rank, p.ns) AS max_rank, any_value(r.n) AS n_ranks
+           arg_max(p.rank, (p.ns, -p.rank)) AS max_rank, any_value(r.n) AS n_ranks
     FROM per_rank p JOIN ranks_per_run r USING (run) GROUP BY p.run, p.step, p.category, p.name
 ),
 most_often AS (  -- the rank with the most, most often; a tie goes to the lowest rank (mode() picks any)

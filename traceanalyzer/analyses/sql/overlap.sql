@@ -10,6 +10,7 @@
 
 -- Columns: run, rank, step, comm_ns, overlapped_ns, exposed_ns, compute_ns, overlap_pct,
 -- exposed_pct_of_step (exposed / step span of the rank's activity).
+-- scope: rank
 CREATE OR REPLACE TEMP VIEW overlap_steps AS
 SELECT run, rank, step,
        sum(dur_ns) FILTER (WHERE n_comm > 0) AS comm_ns,
@@ -26,6 +27,7 @@ FROM activity_segments GROUP BY ALL;
 -- Columns: run, rank, comm_ns, overlapped_ns, exposed_ns, overlap_pct. overlap_pct is NULL (unknown)
 -- for ranks read from an op timeline (ranks.rank_source = 'op_timeline'): one timed span per op on
 -- one thread and no kernels, so how communication overlapped GPU work is not recorded.
+-- scope: rank
 CREATE OR REPLACE TEMP VIEW overlap_ranks AS
 SELECT run, rank,
        coalesce(sum(dur_ns) FILTER (WHERE n_comm > 0), 0) AS comm_ns,

@@ -17,6 +17,7 @@
 -- optimizer_ns, data_loading_ns.
 --
 -- requires: step_alignment
+-- scope: rank
 CREATE OR REPLACE TEMP VIEW step_phases AS
 WITH marks AS (
     SELECT s.run, s.rank, s.window_id, s.step, s.start_ts_ns, s.end_ts_ns,

@@ -21,6 +21,7 @@
 
 -- Columns: run, rank, window_id, step (the profiler's), aligned_step (the same iteration's number
 -- on every rank).
+-- scope: align
 CREATE OR REPLACE TEMP VIEW step_alignment AS
 WITH RECURSIVE coll AS (
     SELECT run, coalesce(pg_name, '?') AS pg, seq, rank, window_id, step FROM comms
@@ -68,5 +69,6 @@ SELECT s.run, s.rank, s.window_id, s.step, CAST(s.step + coalesce(x.shift, 0) AS
 FROM steps s LEFT JOIN shifted x USING (run, rank, window_id);
 
 -- The steps table with each step's aligned number. Columns: those of steps, aligned_step.
+-- scope: rank
 CREATE OR REPLACE TEMP VIEW _aligned_steps AS
 SELECT s.*, a.aligned_step FROM steps s JOIN step_alignment a USING (run, rank, window_id, step);

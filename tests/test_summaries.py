@@ -1,0 +1,155 @@
+"""Per-rank summaries (analyses/summaries.py): the scopes the SQL views declare hold, the map/reduce
+path gives the one-connection path's results on shipped runs, a second ``analyze`` does not read
+events, and the summaries are computed again when the parameters change."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from conftest import ROOT, ingest_runs
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+#: a straggler (gloo DDP), a GPU run, a pipeline with a slow stage, MoE all_to_all skew
+PARITY_RUNS = ("ddp_gloo_4rank_slow2", "ddp_gloo_cuda_2rank_slow1", "pp_1f1b_4rank_slow1", "moe_a2a_4rank_skew")
+
+
+def test_declared_scopes_hold():
+    """A rank view reads canonical tables and rank or align views only; an align view never reads
+    events; every view of the package is known to the check."""
+    from traceanalyzer import schema as S
+    from traceanalyzer.analyses import modules as M
+    from traceanalyzer.analyses import summaries as sm
+    scope = {v: sc for m in M.modules().values() for v, sc in m.scopes}
+    macros = {v for m in M.modules().values() for v in m.defines if v not in m.views}
+    reads = sm.reads()
+    assert M.scoped("rank") and M.scoped("align")
+    for view, sc in scope.items():
+        others = reads[view] - macros
+        if sc == "rank":
+            assert all(scope.get(v) in ("rank", "align") for v in others), (view, others)
+        else:
+            assert all(scope.get(v) == "align" for v in others), (view, others)
+            assert "events" not in sm.names_read(view), view
+    # cross-rank views that still read events themselves (the reduce reads them from the store)
+    cross_events = {v for v in reads if v not in scope and v not in macros and "events" in sm.names_read(v)}
+    assert cross_events == {"pipeline_shape", "_hta_files", "_hta_rows"}, cross_events
+    assert set(S.TABLES) >= {"events", "comms", "steps"}
+    with pytest.raises(ValueError, match="unknown scope"):
+        M._module("x", "-- scope: ranks\nCREATE OR REPLACE TEMP VIEW x AS SELECT 1;")
+
+
+@pytest.fixture(scope="module")
+def parity_store(tmp_path_factory) -> Path:
+    return ingest_runs(tmp_path_factory, "summaries_parity", PARITY_RUNS, workers=1)
+
+
+def test_map_reduce_gives_the_same_results(parity_store):
+    """Every saved analysis and every wrapper (benchmarks/registry_parity.py's list), row for row:
+    integers and names identical, floats within summaries_parity.FLOAT_RTOL (the sums meet the rows
+    in another order)."""
+    from summaries_parity import both, differences
+    one, two, _ = both(parity_store)
+    bad, close = differences(one, two)
+    assert not bad, bad
+    assert len(close) <= 3, close  # std / cv / correlation only
+    assert sum(len(d) for d in one.values()) > 1000
+    manifest = json.loads((parity_store / "_store.json").read_text())
+    assert set(manifest["summaries"]) == set(PARITY_RUNS)
+
+
+def test_second_analyze_reads_no_events(tmp_path_factory):
+    """After the first analyze, every events file is replaced by an empty one: the second analyze
+    gives the same results (it reads the summaries), while the one-connection path does not."""
+    from traceanalyzer import analyses
+    from traceanalyzer.analyses import modules as M
+    from traceanalyzer.analyses import summaries as sm
+    from traceanalyzer.analyses.results import analyze, compute, effective_params
+    store = ingest_runs(tmp_path_factory, "summaries_events", ("ddp_gloo_4rank_slow2",), workers=1)
+    first = analyze(store)
+    manifest = json.loads((store / "_store.json").read_text())
+    for t in manifest["traces"]:
+        f = store / t["files"]["events"]
+        pq.write_table(pq.read_schema(f).empty_table(), f)
+    second = analyze(store)
+    assert [k for k in first if not first[k].equals(second[k])] == []
+    # what the reduce computed itself (temporary tables; the summaries are views over their files):
+    # of the views naming events, only pipeline_shape (the schedule's annotations, pipelines.sql)
+    con = analyses.connect(store)
+    assert sm.attach(con, store, ["ddp_gloo_4rank_slow2"], effective_params({}))
+    compute(con)
+    made = {t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()}
+    assert "overlap_ranks" not in made and "collective_ranks" in made
+    assert {v for v in made & set(M.owner()) if "events" in sm.names_read(v)} == {"pipeline_shape"}
+    con.close()
+    con = analyses.connect(store)
+    without = compute(con)
+    con.close()
+    changed = [k for k in first if not first[k].equals(without[k])]
+    assert {"stragglers", "phases", "overlap", "imbalance"} <= set(changed)
+
+
+def test_summaries_follow_the_parameters(tmp_path_factory):
+    """Other parameters, another key: computed again, the old files collected; the same ones: reused."""
+    from traceanalyzer.analyses import summaries as sm
+    from traceanalyzer.analyses.results import analyze, effective_params
+    store = ingest_runs(tmp_path_factory, "summaries_params", ("ddp_gloo_2rank",), workers=1)
+    analyze(store)
+    files = sorted(p.relative_to(store) for p in (store / sm.FOLDER).rglob("*.parquet"))
+    assert files and any("rank=1" in str(f) for f in files)
+    assert sm.ensure(store, ["ddp_gloo_2rank"], effective_params({})) == []  # current: nothing to do
+    analyze(store, exposed_top=3)
+    again = sorted(p.relative_to(store) for p in (store / sm.FOLDER).rglob("*.parquet"))
+    assert len(again) == len(files) and not set(again) & set(files)
+    assert sm.current(store, ["ddp_gloo_2rank"], effective_params({"exposed_top": 3})) == ["ddp_gloo_2rank"]
+    assert sm.current(store, ["ddp_gloo_2rank"], effective_params({})) == []
+    sm.forget(store)
+    assert not list((store / sm.FOLDER).rglob("*.parquet"))
+    assert "ddp_gloo_2rank" not in json.loads((store / "_store.json").read_text()).get("summaries", {})
+
+
+def test_map_on_a_process_pool(tmp_path_factory):
+    """The map runs one task per rank on the executor (here two worker processes): same files."""
+    from traceanalyzer.analyses import summaries as sm
+    from traceanalyzer.analyses.results import effective_params
+    store = ingest_runs(tmp_path_factory, "summaries_pool", ("ddp_gloo_4rank",), workers=1)
+    assert sm.ensure(store, ["ddp_gloo_4rank"], effective_params({}), n_workers=2) == ["ddp_gloo_4rank"]
+    entry = json.loads((store / "_store.json").read_text())["summaries"]["ddp_gloo_4rank"]
+    assert len(entry["files"]["step_phases"]) == 4 and len(entry["files"]["step_alignment"]) == 1
+    rows = sum(pq.read_metadata(store / f).num_rows for f in entry["files"]["step_phases"])
+    assert rows > 0
+
+
+@pytest.mark.skipif(importlib.util.find_spec("distributed") is None, reason="dask[distributed] not installed")
+def test_analyze_cli_on_a_dask_local_cluster(tmp_path_factory, run_cli):
+    """``analyze --dask local:2``: the per-rank map runs as Dask tasks; the results are the ones
+    of the one-connection path (``--no-summaries``)."""
+    store = ingest_runs(tmp_path_factory, "summaries_dask", ("ddp_gloo_4rank_slow2",), workers=1)
+    code, out, err = run_cli("analyze", store, "--dask", "local:2", "--json")
+    assert code == 0, err
+    assert "ddp_gloo_4rank_slow2" in json.loads((store / "_store.json").read_text())["summaries"]
+    code, plain, err = run_cli("analyze", store, "--no-summaries", "--json")
+    assert code == 0, err
+    ours, theirs = json.loads(out)["results"], json.loads(plain)["results"]
+    assert ours["stragglers"] == theirs["stragglers"] and ours["stragglers"]
+    assert ours["phases"] == theirs["phases"] and ours["overlap"] == theirs["overlap"]
+
+
+def test_a_damaged_summary_is_computed_again(tmp_path_factory):
+    """A summary file cut short is not read: the next analyze computes the run's summaries again."""
+    from traceanalyzer.analyses import summaries as sm
+    from traceanalyzer.analyses.results import analyze, effective_params
+    store = ingest_runs(tmp_path_factory, "summaries_damaged", ("ddp_gloo_2rank",), workers=1)
+    first = analyze(store)
+    assert sm.current(store, ["ddp_gloo_2rank"], effective_params({})) == ["ddp_gloo_2rank"]
+    entry = json.loads((store / "_store.json").read_text())["summaries"]["ddp_gloo_2rank"]
+    victim = store / entry["files"]["step_phases"][0]
+    victim.write_bytes(victim.read_bytes()[:20])
+    assert sm.current(store, ["ddp_gloo_2rank"], effective_params({})) == []
+    second = analyze(store)
+    assert all(first[k].equals(second[k]) for k in first)
+    assert not victim.exists()  # replaced by a new generation's file, the old one collected

@@ -1,0 +1,291 @@
+"""Per-rank summaries: the rank-local analysis views computed one rank at a time (map), saved in
+the store, and read by the cross-rank views (reduce) instead of all the run's events.
+
+The SQL modules declare the scope of their views (:mod:`.modules`): ``-- scope: rank`` views
+depend on one rank's data only, given the ``-- scope: align`` views (step alignment, clock
+offsets), which are cross-rank but read only ``comms``, ``steps`` and ``ranks``. So, per run:
+
+1. **align**: one connection over the run computes the ``align`` views (no ``events`` read);
+2. **map**: one task per rank (on the executor: inline, a process pool or Dask) opens the store
+   with that rank's files only, takes the ``align`` views as given, computes the ``rank`` views
+   and writes those the cross-rank views or the results read (:func:`saved_views`) as Parquet;
+3. **commit**: the files go to ``STORE/_summaries/<view>/run=R/rank=K/part-G.parquet`` (the align
+   views: ``.../run=R/rank=all/``) and are listed in the manifest under ``summaries`` with a key;
+4. **reduce**: :func:`attach` puts a view over the union of the saved files in place of each saved
+   view (:func:`.modules.provide`), so the cross-rank modules read them and never rebuild them
+   from ``events``.
+
+The key of a run's summaries covers its data (the files the manifest lists for it), the analysis
+parameters, the SQL of every module and the package version: any change makes the next
+``analyze`` compute them again (the old files are then garbage). Memory of a map task is that of
+one rank; the reduce reads compact per-rank tables (plus ``comms``), not events.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+from .. import __version__
+from ..store import files as st
+from . import modules as M
+
+#: bump when the layout of the saved summaries changes (part of the key)
+FORMAT = 1
+#: manifest key of the summaries
+ENTRY = "summaries"
+#: folder of the summaries in the store
+FOLDER = "_summaries"
+#: canonical tables and views of a store connection (what a view may read besides other views)
+_IDENT_RE = re.compile(r"\b([A-Za-z_]\w*)\b")
+
+
+# -- what is saved --------------------------------------------------------------------------------
+
+def reads() -> dict[str, set[str]]:
+    """View -> the views and macros its SQL names (comments left out), for every module's view."""
+    import duckdb
+    own, con, out = M.owner(), duckdb.connect(), {}
+    for mod in M.modules().values():
+        for statement in con.extract_statements(mod.text):
+            q = statement.query
+            m = re.search(r"CREATE OR REPLACE TEMP (?:VIEW|MACRO|TABLE)\s+(\w+)", q)
+            if m:
+                body = re.sub(r"--[^\n]*", "", q[m.end():])
+                out[m.group(1)] = (set(_IDENT_RE.findall(body)) & set(own)) - {m.group(1)}
+    con.close()
+    return out
+
+
+def names_read(view: str) -> set[str]:
+    """Every identifier view ``view``'s SQL names (to check what canonical tables it reads)."""
+    import duckdb
+    con = duckdb.connect()
+    try:
+        for statement in con.extract_statements(M.modules()[M.owner()[view]].text):
+            m = re.search(r"CREATE OR REPLACE TEMP (?:VIEW|TABLE)\s+(\w+)", statement.query)
+            if m and m.group(1) == view:
+                return set(_IDENT_RE.findall(re.sub(r"--[^\n]*", "", statement.query[m.end():])))
+    finally:
+        con.close()
+    raise KeyError(view)
+
+
+def saved_views() -> list[str]:
+    """The rank views a map task saves: public ones (no leading '_') and those a view of another
+    scope reads; private views only other rank views read stay in the task."""
+    rank = M.scoped("rank")
+    scope = {v: sc for m in M.modules().values() for v, sc in m.scopes}
+    readers: dict[str, set[str]] = {}
+    for view, deps in reads().items():
+        for dep in deps:
+            readers.setdefault(dep, set()).add(view)
+    return [v for v in rank if not v.startswith("_")
+            or any(scope.get(r) != "rank" for r in readers.get(v, ()) if r in M.owner())]
+
+
+# -- keys -----------------------------------------------------------------------------------------
+
+def _entries(manifest, run: str, rank=None) -> list[dict]:
+    return [t for t in manifest.traces + manifest.sidecars
+            if t.get("run") == run and (rank is None or t.get("rank") == rank)]
+
+
+def key(manifest, run: str, params: dict) -> str:
+    """What a run's summaries were computed from: its files, the parameters, the SQL, the version."""
+    files = sorted(f for t in _entries(manifest, run) for f in t["files"].values())
+    sql = {name: m.text for name, m in sorted(M.modules().items())}
+    doc = json.dumps([FORMAT, __version__, files, sorted(params.items()), sql], default=str)
+    return hashlib.sha256(doc.encode()).hexdigest()[:32]
+
+
+def ranks_of(manifest, run: str) -> list[int]:
+    return sorted({t["rank"] for t in manifest.traces if t.get("run") == run})
+
+
+# -- writing and reading Parquet with the views' own types ----------------------------------------
+
+def _types(con, view: str) -> list[list[str]]:
+    return [[name, typ] for name, typ, *_ in con.execute(f"DESCRIBE {view}").fetchall()]
+
+
+def _write(con, view: str, path: Path) -> list[list[str]]:
+    """Write ``view`` to ``path``; returns its columns and types (HUGEINT, which Parquet would turn
+    into DOUBLE, is stored as DECIMAL(38,0) and cast back when read: no value changes)."""
+    types = _types(con, view)
+    cols = ", ".join(f'CAST("{c}" AS DECIMAL(38,0)) AS "{c}"' if t == "HUGEINT" else f'"{c}"' for c, t in types)
+    con.execute(f"COPY (SELECT {cols} FROM {view}) TO '{_quote(str(path))}' (FORMAT parquet, COMPRESSION zstd)")
+    return types
+
+
+def _quote(s: str) -> str:
+    return s.replace("'", "''")
+
+
+def select(paths: list[str], types: list[list[str]]) -> str:
+    """SQL reading the union of ``paths`` with the columns and types a view had."""
+    cols = ", ".join(f'CAST("{c}" AS {t}) AS "{c}"' for c, t in types)
+    files = "[" + ", ".join(f"'{_quote(p)}'" for p in paths) + "]"
+    return f"SELECT {cols} FROM read_parquet({files}, hive_partitioning = false)"
+
+
+# -- the tasks ------------------------------------------------------------------------------------
+
+def _open(store: str, run: str, rank: int | None = None):
+    """A store connection over run ``run``'s files (one rank's when ``rank`` is given)."""
+    return st.open_store(store, select=lambda t: t.get("run") == run and (rank is None or t.get("rank") == rank))
+
+
+def align_task(store: str, run: str, params: dict, out: str) -> dict:
+    """Compute the run's ``align`` views; returns {view: (path, types)}."""
+    from . import prepare
+    con = _open(store, run)
+    Path(out).mkdir(parents=True, exist_ok=True)
+    try:
+        views = M.scoped("align")
+        prepare(con, views=views, **params)
+        return {v: (str(Path(out) / f"{v}.parquet"), _write(con, v, Path(out) / f"{v}.parquet")) for v in views}
+    finally:
+        con.close()
+
+
+def map_task(store: str, run: str, rank: int, params: dict, align: dict, out: str, views: list[str]) -> dict:
+    """Compute rank ``rank``'s saved views from its own files and the run's ``align`` views;
+    returns {view: (path, types)}. Runs in a worker: its memory is that of one rank."""
+    from . import prepare
+    con = _open(store, run, rank)
+    try:
+        prepare(con, modules=[], **params)
+        for view, (path, types) in align.items():
+            M.provide(con, view, select([path], types) + f" WHERE run = '{_quote(run)}'")
+        prepare(con, views=views, **params)
+        folder = Path(out) / f"rank={rank}"
+        folder.mkdir(parents=True, exist_ok=True)
+        return {v: (str(folder / f"{v}.parquet"), _write(con, v, folder / f"{v}.parquet")) for v in views}
+    finally:
+        con.close()
+
+
+# -- the driver -----------------------------------------------------------------------------------
+
+def current(store, runs: list[str], params: dict) -> list[str]:
+    """The runs among ``runs`` whose saved summaries match their data, parameters and code (and,
+    in a local store, whose files are whole: a damaged one is computed again, not read)."""
+    from ..store.check import file_problem
+    loc = st.location(store)
+    manifest = st.read_manifest(loc)
+    saved = manifest.extra.get(ENTRY, {})
+    return [r for r in runs if saved.get(r, {}).get("key") == key(manifest, r, params)
+            and not (isinstance(loc, Path) and any(file_problem(loc / f) for fs in saved[r]["files"].values() for f in fs))]
+
+
+def ensure(store, runs: list[str], params: dict, dask=None, n_workers: int = 1, progress=None) -> list[str]:
+    """Compute and save the summaries of the runs among ``runs`` that have none current (align,
+    then the map on the executor); returns the runs computed now."""
+    from ..errors import TraceAnalyzerError
+    from ..ingest.executor import open_executor
+    loc = st.location(store)
+    todo = [r for r in runs if r not in current(store, runs, params)]
+    if not todo:
+        return []
+    manifest = st.read_manifest(loc)
+    where = str(loc.resolve()) if isinstance(loc, Path) else str(store)  # a cluster's workers: absolute paths
+    views = saved_views()
+    staging = Path(st.new_staging(loc)).resolve()
+    try:
+        made = {}
+        for run in todo:
+            if progress:
+                progress(f"summaries of run {run}: {len(ranks_of(manifest, run))} ranks")
+            align = align_task(where, run, params, str(staging / f"run-{run}"))
+            ranks = ranks_of(manifest, run)
+            calls = [(where, run, rank, params, align, str(staging / f"run-{run}"), views) for rank in ranks]
+            per_rank = {}
+            with open_executor(dask, n_workers=n_workers, n_tasks=len(calls)) as ex:
+                for i, result, failure in ex.map_unordered(map_task, calls, [f"summary-{run}-{r}" for r in ranks]):
+                    if failure:
+                        raise TraceAnalyzerError(f"summaries of run {run}, rank {ranks[i]}: {failure}")
+                    per_rank[ranks[i]] = result
+            made[run] = (key(manifest, run, params), align, per_rank)
+        _commit(loc, made)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return todo
+
+
+def forget(store, runs: list[str] | None = None) -> None:
+    """Drop the saved summaries of ``runs`` (default: all) from the store (their files are collected)."""
+    loc = st.location(store)
+    with st.locked(loc):
+        manifest = st.read_manifest(loc)
+        saved = manifest.extra.get(ENTRY, {})
+        for run in list(saved) if runs is None else runs:
+            saved.pop(run, None)
+        manifest.generation += 1
+        st.write_manifest(loc, manifest)
+        st.collect_garbage(loc, manifest)
+
+
+def _place(loc, path: str, rel_dir: str, part: str) -> str:
+    if isinstance(loc, Path):
+        rel = f"{rel_dir}/part-{part}.parquet"
+        (loc / rel).parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, loc / rel)
+        return rel
+    from ..store.remote import place
+    return place(loc, {"f": path}, {"f": rel_dir}, part)["f"]
+
+
+def _commit(loc, made: dict) -> None:
+    with st.locked(loc):
+        manifest = st.read_manifest(loc)
+        manifest.generation += 1
+        part = str(manifest.generation)
+        saved = manifest.extra.setdefault(ENTRY, {})
+        for run, (run_key, align, per_rank) in made.items():
+            # a run re-ingested meanwhile keeps this (old) key: readers see it is not current
+            files: dict[str, list[str]] = {}
+            types: dict[str, list] = {}
+            for view, (path, t) in align.items():
+                files[view] = [_place(loc, path, f"{FOLDER}/{view}/run={run}/rank=all", part)]
+                types[view] = t
+            for rank in sorted(per_rank):
+                for view, (path, t) in per_rank[rank].items():
+                    files.setdefault(view, []).append(_place(loc, path, f"{FOLDER}/{view}/run={run}/rank={rank}", part))
+                    types[view] = t
+            saved[run] = {"key": run_key, "format": FORMAT, "types": types, "files": files}
+        st.write_manifest(loc, manifest)
+        st.collect_garbage(loc, manifest)
+
+
+def attach(con, store, runs: list[str], params: dict) -> list[str]:
+    """Put views over the saved summaries of ``runs`` in ``con`` in place of the align and rank
+    views they hold (after ``prepare`` set ``params``): the cross-rank modules bound afterwards
+    read them. Only when every run's summaries are current; returns the views provided."""
+    loc = st.location(store)
+    manifest = st.read_manifest(loc)
+    saved = manifest.extra.get(ENTRY, {})
+    if not runs or set(current(store, runs, params)) != set(runs):
+        return []
+    from . import prepare
+    prepare(con, modules=[], **params)
+    views = list(saved[runs[0]]["files"])
+    where = (lambda rel: str(loc / rel)) if isinstance(loc, Path) else _remote_reader(con, loc, saved, runs)
+    for view in views:
+        paths = [where(f) for r in runs for f in saved[r]["files"].get(view, [])]
+        M.provide(con, view, select(paths, saved[runs[0]]["types"][view]))
+    return views
+
+
+def _remote_reader(con, loc, saved, runs):
+    from ..store.remote import readable
+    where, folder = readable(loc, [f for r in runs for fs in saved[r]["files"].values() for f in fs])
+    if folder is None:
+        con.register_filesystem(loc.fs)
+    else:
+        import weakref
+        weakref.finalize(con, shutil.rmtree, folder, True)
+    return where.__getitem__
