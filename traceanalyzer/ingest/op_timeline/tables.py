@@ -90,10 +90,9 @@ def build(path, grid: Grid, ops_u: list[str], classes: list[str], coll_ops: list
     cats = np.concatenate([np.full(m, "user_annotation", dtype=object), np.full(n, "cpu_op", dtype=object)])[order]
     durs = np.concatenate([(st["hi"] - st["lo"]).to_numpy(), dur])[order]
     steps_e = np.concatenate([st["step"].to_numpy(), step])[order]
-    args = np.concatenate([np.full(m, "{}", dtype=object), np.array(
-        [f'{{"microbatch":{"null" if b < 0 else b},"seq":{s},"vpp":{v}}}'
-         for b, s, v in zip(a["mb"].tolist(), a["seq"].tolist(), a["vpp"].tolist())], dtype=object)])[order]
     N = n + m
+    args = pa.concat_arrays([pa.array(["{}"] * m, pa.string()), _args_json(a["mb"], a["seq"], a["vpp"])]).take(
+        pa.array(order))
     events = pa.table({
         "event_id": pa.array(eid, pa.int64()), "ph": pa.array(np.full(N, "X", dtype=object), pa.string()),
         "cat": pa.array(cats, pa.string()), "kind": pa.array(kinds, pa.string()), "name": pa.array(names, pa.string()),
@@ -102,21 +101,22 @@ def build(path, grid: Grid, ops_u: list[str], classes: list[str], coll_ops: list
         "device": _nulls(N, "device", S.EVENTS), "stream": _nulls(N, "stream", S.EVENTS),
         "correlation": _nulls(N, "correlation", S.EVENTS), "external_id": _nulls(N, "external_id", S.EVENTS),
         "step": pa.array(steps_e, pa.int32()), "nested": pa.array(np.zeros(N, bool)),
-        "args_json": pa.array(args, pa.string())}, schema=S.EVENTS.arrow_schema)
+        "args_json": args}, schema=S.EVENTS.arrow_schema)
     comms, pgs_of = _comms(grid, ops_u, classes, coll_ops, a, ~is_comp, op_eid)
-    # per rank
-    e_bounds = np.searchsorted(e_rank, np.arange(world + 1))
+    # per rank of this block (the ranks in ``a``; every rank when it holds the whole file)
+    present = np.unique(rank)
+    e_bounds = _bounds(e_rank, present)
     c_rank = comms.column("rank_").to_numpy() if comms.num_rows else np.zeros(0, np.int64)
-    c_bounds = np.searchsorted(c_rank, np.arange(world + 1))
+    c_bounds = _bounds(c_rank, present)
     comms = comms.drop_columns(["rank_"])
-    s_bounds = np.searchsorted(st["rank"].to_numpy(), np.arange(world + 1))
+    s_bounds = _bounds(st["rank"].to_numpy(), present)
     unknown_by_rank = np.bincount(rank[unknown_code[code]], minlength=world) if unknown_code.any() else np.zeros(world, int)
     out = []
-    for r in range(world):
-        ev = events.slice(e_bounds[r], e_bounds[r + 1] - e_bounds[r])
-        cm = comms.slice(c_bounds[r], c_bounds[r + 1] - c_bounds[r])
+    for i, r in enumerate(present.tolist()):
+        ev = events.slice(e_bounds[i], e_bounds[i + 1] - e_bounds[i])
+        cm = comms.slice(c_bounds[i], c_bounds[i + 1] - c_bounds[i])
         cm = cm.set_column(0, "comm_id", pa.array(np.arange(cm.num_rows), pa.int64()))
-        s = st.iloc[s_bounds[r]:s_bounds[r + 1]]
+        s = st.iloc[s_bounds[i]:s_bounds[i + 1]]
         steps = pa.table({"step": pa.array(s["step"].to_numpy(), pa.int32()),
                           "start_ts_ns": pa.array(s["lo"].to_numpy(), pa.int64()),
                           "end_ts_ns": pa.array(s["hi"].to_numpy(), pa.int64()),
@@ -144,6 +144,19 @@ def build(path, grid: Grid, ops_u: list[str], classes: list[str], coll_ops: list
                   "flows": S.FLOWS.arrow_schema.empty_table(), "steps": steps, "comms": cm}
         out.append((r, tables, start, end, skipped))
     return out
+
+
+def _bounds(sorted_ranks: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """Row bounds of each rank of ``present`` in ``sorted_ranks``: rank i is rows [b[i], b[i + 1])
+    (``present`` holds every rank of the rows, so the end of one is the start of the next)."""
+    return np.r_[np.searchsorted(sorted_ranks, present, "left"), len(sorted_ranks)]
+
+
+def _args_json(mb: np.ndarray, seq: np.ndarray, vpp: np.ndarray) -> pa.Array:
+    """``{"microbatch":M|null,"seq":S,"vpp":V}`` per op, built column-wise (no Python loop per row)."""
+    text = lambda v: pc.cast(pa.array(v, pa.int64()), pa.string())  # noqa: E731
+    mbs = pc.if_else(pa.array(mb < 0), pa.scalar("null"), text(mb))
+    return pc.binary_join_element_wise('{"microbatch":', mbs, ',"seq":', text(seq), ',"vpp":', text(vpp), "}", "")
 
 
 def _comms(grid: Grid, ops_u, classes, coll_ops, a: dict, is_comm: np.ndarray, op_eid: np.ndarray):
