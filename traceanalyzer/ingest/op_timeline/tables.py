@@ -67,8 +67,7 @@ def build(path, grid: Grid, ops_u: list[str], classes: list[str], coll_ops: list
     code (index into ``ops_u``)."""
     rank, step, ts, dur, code = a["rank"], a["step"], a["ts"], a["dur"], a["code"]
     n = len(rank)
-    cls = np.asarray(classes, dtype=object)[code]
-    is_comp = cls == "compute"
+    is_comp = np.array([c == "compute" for c in classes], bool)[code]
     # steps per (rank, step): the ProfilerStep#N spans
     st = (pd.DataFrame({"rank": rank, "step": step, "lo": ts, "hi": ts + dur})
           .groupby(["rank", "step"], sort=True).agg(lo=("lo", "min"), hi=("hi", "max")).reset_index())
@@ -84,18 +83,20 @@ def build(path, grid: Grid, ops_u: list[str], classes: list[str], coll_ops: list
     pos = np.empty(n + m, np.int64)
     pos[order] = np.arange(n + m)
     op_eid = eid[pos[m:]]
-    names = np.concatenate([np.array([f"ProfilerStep#{s}" for s in st["step"]], dtype=object),
-                            np.asarray(ops_u, dtype=object)[code]])[order]
-    kinds = np.concatenate([np.full(m, "step", dtype=object), np.where(is_comp, "cpu_op", "comm_op")])[order]
-    cats = np.concatenate([np.full(m, "user_annotation", dtype=object), np.full(n, "cpu_op", dtype=object)])[order]
+    # text columns as dictionary codes, turned into strings by Arrow (no Python object per row)
+    step_u, step_code = np.unique(st["step"].to_numpy(), return_inverse=True)
+    names = _strings(np.concatenate([step_code.reshape(-1), len(step_u) + code])[order],
+                     [f"ProfilerStep#{x}" for x in step_u.tolist()] + list(ops_u))
+    kinds = _strings(np.concatenate([np.zeros(m, np.int64), np.where(is_comp, 1, 2)])[order], ["step", "cpu_op", "comm_op"])
+    cats = _strings(np.concatenate([np.zeros(m, np.int64), np.ones(n, np.int64)])[order], ["user_annotation", "cpu_op"])
     durs = np.concatenate([(st["hi"] - st["lo"]).to_numpy(), dur])[order]
     steps_e = np.concatenate([st["step"].to_numpy(), step])[order]
     N = n + m
     args = pa.concat_arrays([pa.array(["{}"] * m, pa.string()), _args_json(a["mb"], a["seq"], a["vpp"])]).take(
         pa.array(order))
     events = pa.table({
-        "event_id": pa.array(eid, pa.int64()), "ph": pa.array(np.full(N, "X", dtype=object), pa.string()),
-        "cat": pa.array(cats, pa.string()), "kind": pa.array(kinds, pa.string()), "name": pa.array(names, pa.string()),
+        "event_id": pa.array(eid, pa.int64()), "ph": _strings(np.zeros(N, np.int64), ["X"]),
+        "cat": cats, "kind": kinds, "name": names,
         "ts_ns": pa.array(e_ts, pa.int64()), "dur_ns": pa.array(durs, pa.int64()), "pid": pa.array(e_rank, pa.int64()),
         "tid": pa.array(np.full(N, TID), pa.int64()), "is_gpu": pa.array(np.zeros(N, bool)),
         "device": _nulls(N, "device", S.EVENTS), "stream": _nulls(N, "stream", S.EVENTS),
@@ -146,6 +147,11 @@ def build(path, grid: Grid, ops_u: list[str], classes: list[str], coll_ops: list
     return out
 
 
+def _strings(codes: np.ndarray, values: list[str]) -> pa.Array:
+    """``values[codes]`` as an Arrow string array (built by Arrow from the dictionary)."""
+    return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), pa.array(values, pa.string())).cast(pa.string())
+
+
 def _bounds(sorted_ranks: np.ndarray, present: np.ndarray) -> np.ndarray:
     """Row bounds of each rank of ``present`` in ``sorted_ranks``: rank i is rows [b[i], b[i + 1])
     (``present`` holds every rank of the rows, so the end of one is the start of the next)."""
@@ -165,8 +171,7 @@ def _comms(grid: Grid, ops_u, classes, coll_ops, a: dict, is_comm: np.ndarray, o
     k = len(idx)
     rank, code = a["rank"][idx], a["code"][idx]
     ts, dur, step = a["ts"][idx], a["dur"][idx], a["step"][idx]
-    cls = np.asarray(classes, dtype=object)[code]
-    p2p = cls == "p2p"
+    p2p = np.array([c == "p2p" for c in classes], bool)[code]
     send = np.array([ops_u[c].endswith("-send") for c in range(len(ops_u))], bool)[code] & p2p
     # group of each (rank, op) pair: name, members; one entry per distinct group in a list array
     pair = rank * len(ops_u) + code
@@ -204,27 +209,25 @@ def _comms(grid: Grid, ops_u, classes, coll_ops, a: dict, is_comm: np.ndarray, o
     sizes = np.array([len(x) for x in members], np.int32)
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
     member_lists = pa.ListArray.from_arrays(pa.array(offsets), pa.array([x for mem in members for x in mem], pa.int32()))
-    cop = np.array(["send" if s else "recv" for s in send[p2p]], dtype=object) if k else np.zeros(0, object)
-    op_col = np.asarray([c or "" for c in coll_ops], dtype=object)[code]
-    op_col[p2p] = cop
+    op_values = [c or "" for c in coll_ops] + ["send", "recv"]
+    op_col = _strings(np.where(p2p, np.where(send, len(coll_ops), len(coll_ops) + 1), code), op_values)
     i64 = lambda v, mask=None: pa.array(v, pa.int64(), mask=mask)  # noqa: E731
     i32 = lambda v, mask=None: pa.array(v, pa.int32(), mask=mask)  # noqa: E731
     cols = {
-        "comm_id": pa.array(np.zeros(k), pa.int64()), "dialect": pa.array(np.full(k, SOURCE, dtype=object), pa.string()),
-        "op": pa.array(op_col, pa.string()), "is_p2p": pa.array(p2p), "pg_name": pa.array(np.asarray(names, dtype=object)[g]
-                                                                                             if k else [], pa.string()),
-        "pg_desc": pa.array(np.asarray(descs, dtype=object)[g] if k else [], pa.string()),
+        "comm_id": pa.array(np.zeros(k), pa.int64()), "dialect": _strings(np.zeros(k, np.int64), [SOURCE]),
+        "op": op_col, "is_p2p": pa.array(p2p), "pg_name": _strings(g, names) if k else pa.array([], pa.string()),
+        "pg_desc": _strings(g, descs) if k else pa.array([], pa.string()),
         "pg_ranks": member_lists.take(pa.array(g)) if k else pa.array([], pa.list_(pa.int32())),
-        "group_size": i32(sizes[g] if k else []), "pg_source": pa.array(np.full(k, SOURCE, dtype=object), pa.string()),
+        "group_size": i32(sizes[g] if k else []), "pg_source": _strings(np.zeros(k, np.int64), [SOURCE]),
         "pg_inferred": pa.array(np.zeros(k, bool)),
-        "seq": i64(step * SEQ_STRIDE + a["seq"][idx], mask=p2p), "seq_source": pa.array(
-            np.where(p2p, None, SOURCE), pa.string()),
+        "seq": i64(step * SEQ_STRIDE + a["seq"][idx], mask=p2p), "seq_source": pc.if_else(pa.array(p2p), pa.scalar(None, pa.string()),
+                                                                   _strings(np.zeros(k, np.int64), [SOURCE])),
         "p2p_seq": i64(p2p_seq, mask=~p2p), "src_rank": i32(src, mask=~p2p | (~send & ~has_peer)),
         "dst_rank": i32(dst, mask=~p2p | (send & ~has_peer)), "peer_rank": i32(peer, mask=~has_peer),
         "tag": i64(tag, mask=~p2p),
         "enqueue_event_id": i64(op_eid[idx]), "enqueue_ts_ns": i64(ts), "enqueue_dur_ns": i64(dur),
         "enqueue_tid": i64(np.full(k, TID)), "exec_event_id": i64(op_eid[idx]),
-        "exec_name": pa.array(np.asarray(ops_u, dtype=object)[code] if k else [], pa.string()),
+        "exec_name": _strings(code, list(ops_u)),
         "start_ts_ns": i64(ts), "end_ts_ns": i64(ts + dur), "dur_ns": i64(dur), "exec_tid": i64(np.full(k, TID)),
         "on_gpu": pa.array(np.zeros(k, bool)), "step": i32(step)}
     fields = {f.name: f for f in S.COMMS.arrow_schema}
