@@ -96,7 +96,7 @@ def one_size(ranks: int, steps: int, ops: int, work: Path, phases, limit_gb: flo
         out = r.pop("stdout", "")
         r["found_slow"] = slow_found(phase, out + (work / f"{phase}_{ranks}.log").read_text(errors="replace"), slow) \
             if r["ok"] else None
-        r["rows_per_s"] = truth["rows"] / r["wall_seconds"] if r["ok"] else None
+        r["rows_per_cpu_s"] = truth["rows"] / max(r["cpu_seconds"], 1e-9) if r["ok"] else None
         r["output_head"] = out[:1500]
         res[phase] = r
         print(f"  {ranks} ranks {phase}: {'ok' if r['ok'] else r['error']} {r['wall_seconds']:.1f} s wall, "
@@ -109,7 +109,7 @@ def one_size(ranks: int, steps: int, ops: int, work: Path, phases, limit_gb: flo
 
 
 def table(results: list[dict], phases) -> str:
-    lines = ["| ranks | rows | phase | wall s | CPU s | peak RSS (tree) | rows/s | slow worker named |",
+    lines = ["| ranks | rows | phase | wall s | CPU s | peak RSS (tree) | rows per CPU s | slow worker named |",
              "|---:|---:|---|---:|---:|---:|---:|---|"]
     for r in results:
         g = r["generate"]
@@ -125,7 +125,7 @@ def table(results: list[dict], phases) -> str:
                 continue
             found = {True: "yes", False: "NO", None: "n/a"}[x["found_slow"]]
             lines.append(f"| {r['ranks']:,} | {r['rows']:,} | {p} | {x['wall_seconds']:.1f} | {x['cpu_seconds']:.1f} | "
-                         f"{harness.fmt_bytes(x['max_tree_rss_kb'] * 1024)} | {x['rows_per_s']:,.0f} | {found} |")
+                         f"{harness.fmt_bytes(x['max_tree_rss_kb'] * 1024)} | {r['rows'] / max(x['cpu_seconds'], 1e-9):,.0f} | {found} |")
     return "\n".join(lines)
 
 
@@ -140,8 +140,16 @@ def main(argv=None) -> int:
     p.add_argument("--work", help="working folder (default: a temporary one, removed)")
     p.add_argument("--json", help="write the results here")
     p.add_argument("--append", action="store_true", help="append the table to RESULTS.md")
+    p.add_argument("--render", nargs="+", metavar="JSON", help="no run: the table of these --json files")
     a = p.parse_args(argv)
     phases = [x for x in a.phases.split(",") if x]
+    if a.render:
+        docs = [json.loads(Path(f).read_text()) for f in a.render]
+        text = table([r for d in docs for r in d["results"]], PHASES)
+        print(text)
+        if a.append:
+            harness.append_results(f"\n{text}\n")
+        return 0
     work = Path(a.work) if a.work else Path(tempfile.mkdtemp(prefix="optl_scale_"))
     work.mkdir(parents=True, exist_ok=True)
     info = harness.machine_info()
