@@ -97,7 +97,7 @@ def one_size(ranks: int, steps: int, ops: int, work: Path, phases, limit_gb: flo
         r["found_slow"] = slow_found(phase, out + (work / f"{phase}_{ranks}.log").read_text(errors="replace"), slow) \
             if r["ok"] else None
         r["rows_per_cpu_s"] = truth["rows"] / max(r["cpu_seconds"], 1e-9) if r["ok"] else None
-        r["output_head"] = out[:1500]
+        r["output_head"], r["output_tail"] = out[:1500], out[-1500:]
         res[phase] = r
         print(f"  {ranks} ranks {phase}: {'ok' if r['ok'] else r['error']} {r['wall_seconds']:.1f} s wall, "
               f"{r['cpu_seconds']:.1f} s CPU, tree peak {r['max_tree_rss_kb'] / 1e6:.2f} GB, found slow: {r['found_slow']}",
