@@ -29,26 +29,12 @@ compute on which rank, exposed communication, or idle waiting for the host.
 """
 from __future__ import annotations
 
-import bisect
-from dataclasses import dataclass
-
+import numpy as np
 import pandas as pd
 
 from . import connect, prepare
 
 _COLS = ["run", "step", "hop", "rank", "lo_ns", "hi_ns", "dur_ns", "via_op", "via_pg", "via_seq"]
-
-
-@dataclass(frozen=True)
-class _Sync:
-    """A moment ``release_ns`` at which a rank was released by ``next_rank``, which arrived at
-    ``next_ns``; ``via_*`` name the collective (op, pg, seq) or the receive (recv, pg, p2p_seq)."""
-    release_ns: int
-    next_rank: int
-    next_ns: int
-    via_op: str
-    via_pg: str
-    via_seq: int
 
 
 #: the analysis views the walk reads
@@ -76,9 +62,13 @@ def critical_path(store_or_con, run: str | None = None, step: int | None = None,
         SELECT run, step, dst_rank, recv_release_ns, src_rank, send_arrival_ns, 'recv', pg, p2p_seq
         FROM p2p_transfers WHERE step IS NOT NULL AND recv_wait_ns > 0 {where}""", args).df()
     rows = []
-    sync_by_step = {k: g for k, g in sync.groupby(["run", "step"], sort=False)}
+    # sorted once: per (run, step), per rank, by (release, next arrival); the walk reads only the
+    # rows it visits (no Python object per synchronisation point: a step of thousands of ranks has millions)
+    sync = sync.sort_values(["run", "step", "rank", "release_ns", "next_ns"], kind="stable").reset_index(drop=True)
+    sync_by_step = sync.groupby(["run", "step"], sort=False).indices
     for (run_name, step_no), st in steps.groupby(["run", "step"], sort=True):
-        rows += _walk(run_name, int(step_no), st.set_index("rank"), sync_by_step.get((run_name, step_no), sync.iloc[0:0]))
+        idx = sync_by_step.get((run_name, step_no))
+        rows += _walk(run_name, int(step_no), st, sync.iloc[idx] if idx is not None else sync.iloc[0:0])
     return pd.DataFrame(rows, columns=_COLS)
 
 
@@ -94,29 +84,32 @@ def _where(run, step, prefix: str = ""):
 
 
 def _walk(run: str, step: int, st: pd.DataFrame, sync: pd.DataFrame) -> list[dict]:
-    # per rank: the moments it was released by another rank, sorted
-    by_rank: dict[int, list[_Sync]] = {}
-    for rank, g in sync.groupby("rank"):
-        by_rank[int(rank)] = sorted((_Sync(int(r.release_ns), int(r.next_rank), int(r.next_ns), r.via_op,
-                                           str(r.via_pg), int(r.via_seq)) for r in g.itertuples()),
-                                    key=lambda x: (x.release_ns, x.next_ns))
-    releases = {r: [x.release_ns for x in xs] for r, xs in by_rank.items()}
-    rank = int(st["step_end_ns"].idxmax())
-    t = int(st.loc[rank, "step_end_ns"])
+    """The path of one step; ``sync`` sorted by (rank, release_ns, next_ns)."""
+    ranks_of = sync["rank"].to_numpy(np.int64)
+    release, nxt = sync["release_ns"].to_numpy(np.int64), sync["next_ns"].to_numpy(np.int64)
+    next_rank = sync["next_rank"].to_numpy(np.int64)
+    uniq, first = np.unique(ranks_of, return_index=True)
+    bounds = dict(zip(uniq.tolist(), zip(first.tolist(), np.r_[first[1:], len(ranks_of)].tolist())))
+    start_of = dict(zip(st["rank"].astype("int64").tolist(), st["step_start_ns"].astype("int64").tolist()))
+    end_ns = st["step_end_ns"].to_numpy()
+    rank = int(st["rank"].iloc[int(np.argmax(end_ns))])   # first rank with the latest end (as idxmax)
+    t = int(end_ns.max())
     rows, hop, seen = [], 0, set()
     while True:
-        i = bisect.bisect_right(releases.get(rank, []), t) - 1
-        start = int(st.loc[rank, "step_start_ns"]) if rank in st.index else t
+        lo, hi = bounds.get(rank, (0, 0))
+        i = int(np.searchsorted(release[lo:hi], t, "right")) - 1
+        start = start_of.get(rank, t)
         if i < 0 or (rank, i) in seen:
             rows.append(dict(run=run, step=step, hop=hop, rank=rank, lo_ns=min(start, t), hi_ns=t,
                              dur_ns=max(t - start, 0), via_op=None, via_pg=None, via_seq=None))
             return rows
         seen.add((rank, i))
-        x = by_rank[rank][i]
-        rows.append(dict(run=run, step=step, hop=hop, rank=rank, lo_ns=x.release_ns, hi_ns=t, dur_ns=t - x.release_ns,
-                         via_op=x.via_op, via_pg=x.via_pg, via_seq=x.via_seq))
+        x = sync.iloc[lo + i]
+        x_release = int(release[lo + i])
+        rows.append(dict(run=run, step=step, hop=hop, rank=rank, lo_ns=x_release, hi_ns=t, dur_ns=t - x_release,
+                         via_op=x["via_op"], via_pg=str(x["via_pg"]), via_seq=int(x["via_seq"])))
         hop += 1
-        rank, t = x.next_rank, min(x.next_ns, x.release_ns)
+        rank, t = int(next_rank[lo + i]), min(int(nxt[lo + i]), x_release)
 
 
 def critical_path_summary(store_or_con, run: str | None = None, step: int | None = None,

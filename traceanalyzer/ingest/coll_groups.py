@@ -17,6 +17,7 @@ other row in G). Ambiguous or unmatched rows stay unknown.
 from __future__ import annotations
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import schema as S
@@ -27,12 +28,22 @@ def _unknown(comms: list[dict]) -> list[dict]:
                   key=lambda r: r["comm_id"])
 
 
+def _any_unknown(t: pa.Table) -> bool:
+    """Whether the comms columns ``t`` hold a row :func:`_unknown` would pick (read as Python only then)."""
+    return bool(pc.any(pc.and_(pc.and_(pc.invert(t["is_p2p"]), pc.is_null(t["pg_name"])),
+                               pc.equal(t["dialect"], "gloo"))).as_py())
+
+
 def resolve(summaries) -> int:
     """Rewrite the staged comms of ``summaries`` (TraceSummary, one per parsed file) in place;
     returns the number of collective rows given a group."""
     tables, groups, descs = {}, {}, {}
     for s in summaries:
-        comms = pq.ParquetFile(s.staged["comms"]).read().to_pylist()  # one file: no dataset discovery
+        f = pq.ParquetFile(s.staged["comms"])  # one file: no dataset discovery
+        if s.rank_source == "op_timeline" or not _any_unknown(f.read(columns=["is_p2p", "pg_name", "dialect"])):
+            tables.setdefault(s.rank, []).append((s, []))  # no row to resolve (an op timeline's groups are known)
+            continue
+        comms = f.read().to_pylist()
         pgs = pq.ParquetFile(s.staged["process_groups"]).read().to_pylist()
         groups.setdefault(s.rank, {}).update({str(g["pg_name"]): list(g["pg_ranks"] or []) for g in pgs if g.get("pg_ranks")})
         descs.update({str(g["pg_name"]): g.get("pg_desc") for g in pgs})

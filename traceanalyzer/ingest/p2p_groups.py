@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from .. import schema as S
@@ -29,9 +30,13 @@ def resolve(summaries) -> int:
     returns the number of p2p rows moved to another group."""
     tables, groups, default, descs = {}, {}, {}, {}
     for s in summaries:
-        comms = pq.ParquetFile(s.staged["comms"]).read().to_pylist()  # one file: no dataset discovery
-        if not any(r["is_p2p"] and r["pg_source"] == "default_pg" for r in comms):
+        if s.rank_source == "op_timeline":  # its groups come from the ranks' coordinates
             continue
+        f = pq.ParquetFile(s.staged["comms"])  # one file: no dataset discovery
+        flags = f.read(columns=["is_p2p", "pg_source"])
+        if not pc.any(pc.and_(flags["is_p2p"], pc.equal(flags["pg_source"], "default_pg"))).as_py():
+            continue  # nothing to resolve: the rows are not read as Python objects
+        comms = f.read().to_pylist()
         pgs = pq.ParquetFile(s.staged["process_groups"]).read().to_pylist()
         tables[id(s)] = (s, comms)
         groups[s.rank] = {str(g["pg_name"]): list(g["pg_ranks"] or []) for g in pgs if g.get("pg_ranks")}

@@ -226,16 +226,25 @@ def fig_pipeline_timeline(data: RunData) -> Figure | None:
     step_ns = bub.groupby("step")["step_ns"].median()
     step = int((step_ns - step_ns.median()).abs().idxmin())  # the most typical step
     st = ph[ph["step"] == step].set_index("rank")
-    stages = bub[bub["step"] == step][["rank", "stage"]].drop_duplicates().sort_values("stage")
-    args = {"step": step, "st": st[["step_start_ns", "step_end_ns"]], "stages": stages,
-            "idle": None if idle is None else idle[idle["step"] == step]}
+    rows = bub[bub["step"] == step]
+    n_pipes = rows["pipeline_id"].nunique() if "pipeline_id" in rows else 1
+    if n_pipes > 1:   # one pipeline (of thousands, at scale): the one with the first slow stage, else the first
+        slow = data.r("pipeline_slow_stages")
+        slow = slow[slow["is_finding"].fillna(False).astype(bool)] if not slow.empty and "is_finding" in slow else slow
+        pick = int(slow.sort_values("rank_order")["pipeline_id"].iloc[0]) if not slow.empty else int(rows["pipeline_id"].min())
+        rows = rows[rows["pipeline_id"] == pick]
+    stages = rows[["rank", "stage"]].drop_duplicates().sort_values("stage")
+    st = st.loc[st.index.intersection(stages["rank"])]
+    args = {"step": step, "st": st[["step_start_ns", "step_end_ns"]], "stages": stages, "n_pipes": n_pipes,
+            "idle": None if idle is None else idle[(idle["step"] == step) & idle["rank"].isin(stages["rank"])]}
     return Figure("pipeline_timeline", "Pipeline: per-stage timeline with bubbles shaded",
                   "Blue: the stage's own time; shaded: idle, split into warm-up, cool-down, stalls waiting on a "
                   "peer (hatched) and other (its own host-side delays).", (10, _height(len(stages), 0.5, 1.6)),
                   _draw_pipeline_timeline, args)
 
 
-def _draw_pipeline_timeline(fig, step: int, st: pd.DataFrame, stages: pd.DataFrame, idle: pd.DataFrame | None) -> None:
+def _draw_pipeline_timeline(fig, step: int, st: pd.DataFrame, stages: pd.DataFrame, idle: pd.DataFrame | None,
+                            n_pipes: int = 1) -> None:
     if idle is None:
         raise TraceAnalyzerError("the pipeline's idle intervals were not loaded (the report was built to list its "
                                  "figures only: figures='listed')")
@@ -257,7 +266,8 @@ def _draw_pipeline_timeline(fig, step: int, st: pd.DataFrame, stages: pd.DataFra
     ax.set_yticks(range(len(stages)), [f"stage {s} (rank {r})" for r, s in zip(stages["rank"], stages["stage"])])
     ax.invert_yaxis()
     ax.set_xlabel(f"time in step {step} (ms)")
-    ax.set_title(f"pipeline timeline of step {step}: busy vs bubbles (idle by cause)")
+    which = f" (pipeline of rank {int(stages['rank'].iloc[0])}, 1 of {n_pipes})" if n_pipes > 1 else ""
+    ax.set_title(f"pipeline timeline of step {step}{which}: busy vs bubbles (idle by cause)")
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=5)
 
 
@@ -299,8 +309,9 @@ def fig_imbalance(data: RunData) -> Figure | None:
     tb = tb[tb["step"].notna()] if not tb.empty else tb
     if tb.empty or tb["rank"].nunique() < 2:
         return None
-    ranks = sorted(int(r) for r in tb["rank"].unique())
-    vals = [tb.loc[tb["rank"] == r, "compute_ns"].to_numpy(dtype=float) / 1e6 for r in ranks]
+    by_rank = {int(r): g.to_numpy(dtype=float) / 1e6 for r, g in tb.groupby("rank")["compute_ns"]}  # O(rows), not per rank
+    ranks = sorted(by_rank)
+    vals = [by_rank[r] for r in ranks]
     mean = tb.groupby("step")["compute_ns"].mean().median() / 1e6
     im = data.r("imbalance")
     flagged = im[im["is_finding"].fillna(False).astype(bool)].set_index("rank") if not im.empty else pd.DataFrame()
@@ -322,7 +333,7 @@ def fig_imbalance(data: RunData) -> Figure | None:
 def _draw_imbalance(fig, ranks: list[int], vals: list, mean: float, labels: dict, any_flagged: bool) -> None:
     ax = fig.subplots()
     ax.boxplot(vals, showmeans=True)
-    ax.set_xticks(range(1, len(ranks) + 1), [str(r) for r in ranks])
+    ax.set_xticks([i + 1 for i in _ticks(len(ranks))], [str(ranks[i]) for i in _ticks(len(ranks))])
     ax.axhline(mean, color=COLORS["exposed comm"], linestyle="--", linewidth=1, label="mean of the ranks (median step)")
     for i, r in enumerate(ranks, start=1):
         if r in labels:

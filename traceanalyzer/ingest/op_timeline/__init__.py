@@ -41,7 +41,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ...errors import TraceInputError
-from . import tables
+from . import read, tables
 from .tables import SEQ_STRIDE, SOURCE, TID, Grid  # noqa: F401 (documented here)
 
 log = logging.getLogger("traceanalyzer.ingest")
@@ -126,84 +126,41 @@ def group_rank_files(files: list[Path]) -> list[Path]:
     return out
 
 
-def read_table(path: Path) -> pa.Table:
+def _input(path: Path):
+    """(pieces, Parquet schema or None, CSV table or None) of an op timeline input."""
+    files = None
     if is_rank_files(path):
-        parts = [read_table(f) for f in sorted(Path(path).parent.glob(RANK_FILES)) if RANK_FILE_RE.match(f.name)]
-        if not parts:
+        files = [f for f in sorted(Path(path).parent.glob(RANK_FILES)) if RANK_FILE_RE.match(f.name)]
+        if not files:
             raise TraceInputError(path, "no per-rank op timeline files")
-        try:
-            return pa.concat_tables([t.replace_schema_metadata(None) for t in parts], promote_options="default")
-        except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-            raise TraceInputError(path, f"per-rank op timelines with different columns ({str(exc).splitlines()[0]})") from None
-    try:
-        with open(path, "rb") as fh:
-            magic = fh.read(4)
-        if magic == b"PAR1":
-            import pyarrow.parquet as pq
-            return pq.read_table(path)
-        import pyarrow.csv as pcsv
-        return pcsv.read_csv(path)
-    except OSError as exc:
-        raise TraceInputError(path, f"cannot read op timeline ({exc.strerror or exc})") from None
-    except (pa.ArrowInvalid, pa.ArrowTypeError) as exc:
-        raise TraceInputError(path, f"unreadable op timeline ({str(exc).splitlines()[0]})") from None
+    pieces, schema = read.pieces_of(path, files)
+    csv_table = read.read_piece(pieces[0]) if schema is None else None
+    return pieces, schema, csv_table
 
 
-def load(path, column_map: dict | None = None) -> list:
-    """One :class:`~traceanalyzer.ingest.kineto.build.RankTables` per rank of the timeline."""
+def load(path, column_map: dict | None = None, block_rows: int = read.BLOCK_ROWS):
+    """One :class:`~traceanalyzer.ingest.kineto.build.RankTables` per rank of the timeline, in rank
+    order, built a block of about ``block_rows`` rows at a time (:mod:`.read`): a generator."""
     from ..kineto.build import RankTables
     path = Path(path)
     column_map = dict(column_map or {})
-    t = read_table(path)
-    have = set(t.column_names)
-    missing = columns_match(t.column_names, column_map)
+    pieces, schema, csv_table = _input(path)
+    names = list(schema.names) if schema is not None else csv_table.column_names
+    have = set(names)
+    missing = columns_match(names, column_map)
     if missing:
         raise TraceInputError(path, f"op timeline without column(s) {', '.join(missing)} (it has "
-                                    f"{', '.join(t.column_names[:12])}); name them with --column-map ours=theirs")
+                                    f"{', '.join(names[:12])}); name them with --column-map ours=theirs")
     cols = {c: _find(c, have, column_map) for c in REQUIRED + OPTIONAL}
-    to_ns, unit, unit_source = _unit(path, t, cols, column_map.get("unit"))
-    n = t.num_rows
-    if n == 0:
+    named_unit = _unit_from_names(path, cols, column_map.get("unit"))
+    sc = read.scan(path, pieces, schema, cols, times=named_unit is None, csv_table=csv_table)
+    if sc.rows == 0:
         raise TraceInputError(path, "empty op timeline (no rows)")
-
-    def ints(c, default=0):
-        name = cols[c]
-        if name is None:
-            return np.full(n, default, np.int64)
-        col = t.column(name)
-        if col.null_count:
-            raise TraceInputError(path, f"op timeline column {name!r} has {col.null_count} empty value(s)")
-        try:
-            return col.to_numpy().astype(np.int64)
-        except (ValueError, TypeError, pa.ArrowInvalid):
-            raise TraceInputError(path, f"op timeline column {name!r} is not integer ({col.type})") from None
-
-    def times(c):
-        col = t.column(cols[c])
-        if col.null_count or not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
-            raise TraceInputError(path, f"op timeline column {cols[c]!r} must be numbers without gaps ({col.type})")
-        v = col.to_numpy().astype(np.float64) * to_ns
-        return np.round(v).astype(np.int64)
-
-    rank, step = ints("rank"), ints("step")
-    coords = {c: ints(c) for c in ("dp", "pp", "vpp", "tp", "cp", "ep")}
-    mb = ints("microbatch", -1)
-    ts, dur = times("start"), times("duration")
-    if (dur < 0).any():
-        raise TraceInputError(path, f"op timeline has {int((dur < 0).sum())} negative duration(s)")
-    enc = pc.dictionary_encode(t.column(cols["op"]).cast(pa.string())).combine_chunks()
-    ops_u = [str(o) for o in enc.dictionary.to_pylist()]
-    code = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
-    seq = ints("seq", -1) if cols["seq"] else _order_seq(rank, step, code, ts)
-    grid = Grid(_grid(path, rank, coords))
+    to_ns, unit, unit_source = named_unit or _unit_inferred(path, sc, schema, csv_table, cols)
+    grid = Grid(_grid(path, sc))
+    ops_u = sc.ops
     unknown = {o for o in ops_u if _class(o) == "compute" and o not in VOCABULARY}
-    n_unknown = int(np.isin(code, [i for i, o in enumerate(ops_u) if o in unknown]).sum())
-    if n_unknown:
-        log.info("%s: %d op(s) of %d unknown type(s) kept as compute: %s", path, n_unknown, len(unknown),
-                 ", ".join(sorted(unknown)[:8]))
     log.info("%s: op timeline times in %s (%s)", path, unit, unit_source)
-    meta = {"source": SOURCE, "time_unit": unit, "time_unit_source": unit_source, "step_source": "op_timeline",
-            "parallel": {k: int(v.max()) + 1 for k, v in coords.items()}, "kernels": False}
     ranks = sorted(grid.of)
     world = max(ranks) + 1
     missing_ranks = sorted(set(range(world)) - set(ranks))
@@ -211,17 +168,57 @@ def load(path, column_map: dict | None = None) -> list:
         from ..batch import format_ranges
         raise TraceInputError(path, f"op timeline has no rows for rank(s) {format_ranges(missing_ranks)} of "
                                     f"0-{world - 1}: every rank must be in the file")
+    parallel = {c: 1 + max(v[i] for v in grid.of.values()) for i, c in enumerate(("dp", "pp", "tp", "cp", "ep"))}
+    meta = {"source": SOURCE, "time_unit": unit, "time_unit_source": unit_source, "step_source": "op_timeline",
+            "parallel": dict(parallel, vpp=sc.vpp_max + 1), "kernels": False}
+    wanted = [c for c in dict.fromkeys(cols.values()) if c is not None]
+    classes = [_class(o) for o in ops_u]
+    coll = [_coll_op(o) if _class(o) == "collective" else None for o in ops_u]
+    is_unknown = np.array([o in unknown for o in ops_u], bool)
+    n_unknown = 0
+    for t in read.blocks(sc, schema, wanted, block_rows, cols["rank"], csv_table):
+        a = _arrays(path, t, cols, to_ns, ops_u)
+        n_unknown += int(is_unknown[a["code"]].sum())
+        for r, tb, start, end, sk in tables.build(path, grid, ops_u, classes, coll, a, world, meta, is_unknown):
+            yield RankTables(r, SOURCE, tb, start, end, skipped=Counter(sk))
+    if n_unknown:
+        log.info("%s: %d op(s) of %d unknown type(s) kept as compute: %s", path, n_unknown, len(unknown),
+                 ", ".join(sorted(unknown)[:8]))
+
+
+def _arrays(path, t: pa.Table, cols: dict, to_ns: float, ops_u: list[str]) -> dict:
+    """A block's columns as numpy arrays sorted by (rank, start): rank, step, ts, dur, mb, seq,
+    vpp, code (index into ``ops_u``); checked (gaps, types, negative durations)."""
+    n = t.num_rows
+
+    def ints(c, default=0):
+        name = cols[c]
+        if name is None:
+            return np.full(n, default, np.int64)
+        return read._ints(path, t, name)
+
+    def times(c):
+        col = t.column(cols[c])
+        if col.null_count or not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
+            raise TraceInputError(path, f"op timeline column {cols[c]!r} must be numbers without gaps ({col.type})")
+        if to_ns == 1 and pa.types.is_integer(col.type):
+            return col.to_numpy().astype(np.int64)
+        return np.round(col.to_numpy().astype(np.float64) * to_ns).astype(np.int64)
+
+    rank, step = ints("rank"), ints("step")
+    mb, vpp = ints("microbatch", -1), ints("vpp")
+    ts, dur = times("start"), times("duration")
+    if (dur < 0).any():
+        raise TraceInputError(path, f"op timeline has {int((dur < 0).sum())} negative duration(s)")
+    code = pc.index_in(t.column(cols["op"]).cast(pa.string()), value_set=pa.array(ops_u, pa.string()))
+    code = code.to_numpy(zero_copy_only=False).astype(np.int64)
+    seq = ints("seq", -1) if cols["seq"] else _order_seq(rank, step, code, ts)
     order = np.lexsort((ts, rank))
-    cols_sorted = {"rank": rank, "step": step, "ts": ts, "dur": dur, "mb": mb, "seq": seq, "vpp": coords["vpp"],
-                   "code": code}
-    cols_sorted = {k: v[order] for k, v in cols_sorted.items()}
-    built = tables.build(path, grid, ops_u, [_class(o) for o in ops_u],
-                         [_coll_op(o) if _class(o) == "collective" else None for o in ops_u], cols_sorted, world, meta,
-                         np.array([o in unknown for o in ops_u], bool))
-    return [RankTables(r, SOURCE, t, start, end, skipped=Counter(sk)) for r, t, start, end, sk in built]
+    a = {"rank": rank, "step": step, "ts": ts, "dur": dur, "mb": mb, "seq": seq, "vpp": vpp, "code": code}
+    return {k: v[order] for k, v in a.items()}
 
 
-def _unit(path, t, cols, given) -> tuple[int, str, str]:
+def _unit_from_names(path, cols, given) -> tuple[int, str, str] | None:
     for c in ("start", "duration"):
         m = re.search(r"_(ns|us|ms|s)$", cols[c] or "")
         if m and given is None:
@@ -230,19 +227,20 @@ def _unit(path, t, cols, given) -> tuple[int, str, str]:
         if given not in UNITS:
             raise TraceInputError(path, f"unknown time unit {given!r} for the op timeline: use one of {', '.join(UNITS)}")
         return UNITS[given], given, "given"
-    col = t.column(cols["start"])
-    if not (pa.types.is_integer(col.type) or pa.types.is_floating(col.type)):
-        raise TraceInputError(path, f"op timeline column {cols['start']!r} must be numbers ({col.type})")
-    top = float(np.nanmax(np.abs(col.to_numpy().astype(np.float64)))) if len(col) else 0.0
-    dcol = t.column(cols["duration"])
-    longest = float(np.nanmax(dcol.to_numpy().astype(np.float64))) if len(dcol) and (
-        pa.types.is_integer(dcol.type) or pa.types.is_floating(dcol.type)) else 0.0
+    return None
+
+
+def _unit_inferred(path, sc, schema, csv_table, cols) -> tuple[int, str, str]:
+    typ = (schema.field(cols["start"]).type if schema is not None else csv_table.column(cols["start"]).type)
+    if not (pa.types.is_integer(typ) or pa.types.is_floating(typ)):
+        raise TraceInputError(path, f"op timeline column {cols['start']!r} must be numbers ({typ})")
+    top, longest = sc.time_max
     # epoch times (2001-2100) in a unit under which no op lasts more than MAX_OP_NS; a monotonic
     # clock in ns can look like epoch ms (3.8e12 after an hour of uptime): its ops would last hours
     for unit, lo in (("ns", 1e18), ("us", 1e15), ("ms", 1e12), ("s", 1e9)):
         if lo <= top < EPOCH_SPAN * lo and longest * UNITS[unit] <= MAX_OP_NS:
             return UNITS[unit], unit, f"inferred: start values look like epoch {unit}"
-    if pa.types.is_floating(col.type):
+    if pa.types.is_floating(typ):
         return UNITS["s"], "s", "inferred: fractional start values taken as seconds"
     raise TraceInputError(path, "cannot tell the op timeline's time unit (integer times, not epoch-sized): "
                                 "name the columns start_us/duration_us (ns, us, ms, s) or pass --column-map unit=us")
@@ -257,23 +255,17 @@ def _order_seq(rank, step, code, ts) -> np.ndarray:
     return seq
 
 
-def _grid(path, rank, coords) -> dict[int, tuple]:
-    """rank -> (dp, pp, vpp-free coordinates); one set of coordinates per rank."""
-    keys = np.stack([rank] + [coords[c] for c in ("dp", "pp", "tp", "cp", "ep")], axis=1)
-    uniq = np.unique(keys, axis=0)
-    grid: dict[int, tuple] = {}
-    for row in uniq:
-        r = int(row[0])
-        if r in grid:
-            raise TraceInputError(path, f"rank {r} has two sets of parallel coordinates (dp, pp, tp, cp, ep): "
-                                        f"{grid[r]} and {tuple(int(x) for x in row[1:])}")
-        grid[r] = tuple(int(x) for x in row[1:])
+def _grid(path, sc) -> dict[int, tuple]:
+    """rank -> (dp, pp, tp, cp, ep) (vpp-free coordinates); one set of coordinates per rank, one rank per set."""
+    if sc.conflicts:
+        r, a, b = sc.conflicts[0]
+        raise TraceInputError(path, f"rank {r} has two sets of parallel coordinates (dp, pp, tp, cp, ep): {a} and {b}")
     by_coord = {}
-    for r, c in grid.items():
+    for r, c in sorted(sc.coords.items()):
         if c in by_coord:
             raise TraceInputError(path, f"ranks {by_coord[c]} and {r} have the same coordinates (dp, pp, tp, cp, ep) {c}")
         by_coord[c] = r
-    return grid
+    return dict(sc.coords)
 
 
 def _class(op: str) -> str:

@@ -67,8 +67,7 @@ def build(path, grid: Grid, ops_u: list[str], classes: list[str], coll_ops: list
     code (index into ``ops_u``)."""
     rank, step, ts, dur, code = a["rank"], a["step"], a["ts"], a["dur"], a["code"]
     n = len(rank)
-    cls = np.asarray(classes, dtype=object)[code]
-    is_comp = cls == "compute"
+    is_comp = np.array([c == "compute" for c in classes], bool)[code]
     # steps per (rank, step): the ProfilerStep#N spans
     st = (pd.DataFrame({"rank": rank, "step": step, "lo": ts, "hi": ts + dur})
           .groupby(["rank", "step"], sort=True).agg(lo=("lo", "min"), hi=("hi", "max")).reset_index())
@@ -84,39 +83,41 @@ def build(path, grid: Grid, ops_u: list[str], classes: list[str], coll_ops: list
     pos = np.empty(n + m, np.int64)
     pos[order] = np.arange(n + m)
     op_eid = eid[pos[m:]]
-    names = np.concatenate([np.array([f"ProfilerStep#{s}" for s in st["step"]], dtype=object),
-                            np.asarray(ops_u, dtype=object)[code]])[order]
-    kinds = np.concatenate([np.full(m, "step", dtype=object), np.where(is_comp, "cpu_op", "comm_op")])[order]
-    cats = np.concatenate([np.full(m, "user_annotation", dtype=object), np.full(n, "cpu_op", dtype=object)])[order]
+    # text columns as dictionary codes, turned into strings by Arrow (no Python object per row)
+    step_u, step_code = np.unique(st["step"].to_numpy(), return_inverse=True)
+    names = _strings(np.concatenate([step_code.reshape(-1), len(step_u) + code])[order],
+                     [f"ProfilerStep#{x}" for x in step_u.tolist()] + list(ops_u))
+    kinds = _strings(np.concatenate([np.zeros(m, np.int64), np.where(is_comp, 1, 2)])[order], ["step", "cpu_op", "comm_op"])
+    cats = _strings(np.concatenate([np.zeros(m, np.int64), np.ones(n, np.int64)])[order], ["user_annotation", "cpu_op"])
     durs = np.concatenate([(st["hi"] - st["lo"]).to_numpy(), dur])[order]
     steps_e = np.concatenate([st["step"].to_numpy(), step])[order]
-    args = np.concatenate([np.full(m, "{}", dtype=object), np.array(
-        [f'{{"microbatch":{"null" if b < 0 else b},"seq":{s},"vpp":{v}}}'
-         for b, s, v in zip(a["mb"].tolist(), a["seq"].tolist(), a["vpp"].tolist())], dtype=object)])[order]
     N = n + m
+    args = pa.concat_arrays([pa.array(["{}"] * m, pa.string()), _args_json(a["mb"], a["seq"], a["vpp"])]).take(
+        pa.array(order))
     events = pa.table({
-        "event_id": pa.array(eid, pa.int64()), "ph": pa.array(np.full(N, "X", dtype=object), pa.string()),
-        "cat": pa.array(cats, pa.string()), "kind": pa.array(kinds, pa.string()), "name": pa.array(names, pa.string()),
+        "event_id": pa.array(eid, pa.int64()), "ph": _strings(np.zeros(N, np.int64), ["X"]),
+        "cat": cats, "kind": kinds, "name": names,
         "ts_ns": pa.array(e_ts, pa.int64()), "dur_ns": pa.array(durs, pa.int64()), "pid": pa.array(e_rank, pa.int64()),
         "tid": pa.array(np.full(N, TID), pa.int64()), "is_gpu": pa.array(np.zeros(N, bool)),
         "device": _nulls(N, "device", S.EVENTS), "stream": _nulls(N, "stream", S.EVENTS),
         "correlation": _nulls(N, "correlation", S.EVENTS), "external_id": _nulls(N, "external_id", S.EVENTS),
         "step": pa.array(steps_e, pa.int32()), "nested": pa.array(np.zeros(N, bool)),
-        "args_json": pa.array(args, pa.string())}, schema=S.EVENTS.arrow_schema)
+        "args_json": args}, schema=S.EVENTS.arrow_schema)
     comms, pgs_of = _comms(grid, ops_u, classes, coll_ops, a, ~is_comp, op_eid)
-    # per rank
-    e_bounds = np.searchsorted(e_rank, np.arange(world + 1))
+    # per rank of this block (the ranks in ``a``; every rank when it holds the whole file)
+    present = np.unique(rank)
+    e_bounds = _bounds(e_rank, present)
     c_rank = comms.column("rank_").to_numpy() if comms.num_rows else np.zeros(0, np.int64)
-    c_bounds = np.searchsorted(c_rank, np.arange(world + 1))
+    c_bounds = _bounds(c_rank, present)
     comms = comms.drop_columns(["rank_"])
-    s_bounds = np.searchsorted(st["rank"].to_numpy(), np.arange(world + 1))
+    s_bounds = _bounds(st["rank"].to_numpy(), present)
     unknown_by_rank = np.bincount(rank[unknown_code[code]], minlength=world) if unknown_code.any() else np.zeros(world, int)
     out = []
-    for r in range(world):
-        ev = events.slice(e_bounds[r], e_bounds[r + 1] - e_bounds[r])
-        cm = comms.slice(c_bounds[r], c_bounds[r + 1] - c_bounds[r])
+    for i, r in enumerate(present.tolist()):
+        ev = events.slice(e_bounds[i], e_bounds[i + 1] - e_bounds[i])
+        cm = comms.slice(c_bounds[i], c_bounds[i + 1] - c_bounds[i])
         cm = cm.set_column(0, "comm_id", pa.array(np.arange(cm.num_rows), pa.int64()))
-        s = st.iloc[s_bounds[r]:s_bounds[r + 1]]
+        s = st.iloc[s_bounds[i]:s_bounds[i + 1]]
         steps = pa.table({"step": pa.array(s["step"].to_numpy(), pa.int32()),
                           "start_ts_ns": pa.array(s["lo"].to_numpy(), pa.int64()),
                           "end_ts_ns": pa.array(s["hi"].to_numpy(), pa.int64()),
@@ -146,14 +147,31 @@ def build(path, grid: Grid, ops_u: list[str], classes: list[str], coll_ops: list
     return out
 
 
+def _strings(codes: np.ndarray, values: list[str]) -> pa.Array:
+    """``values[codes]`` as an Arrow string array (built by Arrow from the dictionary)."""
+    return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), pa.array(values, pa.string())).cast(pa.string())
+
+
+def _bounds(sorted_ranks: np.ndarray, present: np.ndarray) -> np.ndarray:
+    """Row bounds of each rank of ``present`` in ``sorted_ranks``: rank i is rows [b[i], b[i + 1])
+    (``present`` holds every rank of the rows, so the end of one is the start of the next)."""
+    return np.r_[np.searchsorted(sorted_ranks, present, "left"), len(sorted_ranks)]
+
+
+def _args_json(mb: np.ndarray, seq: np.ndarray, vpp: np.ndarray) -> pa.Array:
+    """``{"microbatch":M|null,"seq":S,"vpp":V}`` per op, built column-wise (no Python loop per row)."""
+    text = lambda v: pc.cast(pa.array(v, pa.int64()), pa.string())  # noqa: E731
+    mbs = pc.if_else(pa.array(mb < 0), pa.scalar("null"), text(mb))
+    return pc.binary_join_element_wise('{"microbatch":', mbs, ',"seq":', text(seq), ',"vpp":', text(vpp), "}", "")
+
+
 def _comms(grid: Grid, ops_u, classes, coll_ops, a: dict, is_comm: np.ndarray, op_eid: np.ndarray):
     """The comms rows (sorted by rank, start; a helper column rank_) and per rank its groups."""
     idx = np.flatnonzero(is_comm)
     k = len(idx)
     rank, code = a["rank"][idx], a["code"][idx]
     ts, dur, step = a["ts"][idx], a["dur"][idx], a["step"][idx]
-    cls = np.asarray(classes, dtype=object)[code]
-    p2p = cls == "p2p"
+    p2p = np.array([c == "p2p" for c in classes], bool)[code]
     send = np.array([ops_u[c].endswith("-send") for c in range(len(ops_u))], bool)[code] & p2p
     # group of each (rank, op) pair: name, members; one entry per distinct group in a list array
     pair = rank * len(ops_u) + code
@@ -191,27 +209,25 @@ def _comms(grid: Grid, ops_u, classes, coll_ops, a: dict, is_comm: np.ndarray, o
     sizes = np.array([len(x) for x in members], np.int32)
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
     member_lists = pa.ListArray.from_arrays(pa.array(offsets), pa.array([x for mem in members for x in mem], pa.int32()))
-    cop = np.array(["send" if s else "recv" for s in send[p2p]], dtype=object) if k else np.zeros(0, object)
-    op_col = np.asarray([c or "" for c in coll_ops], dtype=object)[code]
-    op_col[p2p] = cop
+    op_values = [c or "" for c in coll_ops] + ["send", "recv"]
+    op_col = _strings(np.where(p2p, np.where(send, len(coll_ops), len(coll_ops) + 1), code), op_values)
     i64 = lambda v, mask=None: pa.array(v, pa.int64(), mask=mask)  # noqa: E731
     i32 = lambda v, mask=None: pa.array(v, pa.int32(), mask=mask)  # noqa: E731
     cols = {
-        "comm_id": pa.array(np.zeros(k), pa.int64()), "dialect": pa.array(np.full(k, SOURCE, dtype=object), pa.string()),
-        "op": pa.array(op_col, pa.string()), "is_p2p": pa.array(p2p), "pg_name": pa.array(np.asarray(names, dtype=object)[g]
-                                                                                             if k else [], pa.string()),
-        "pg_desc": pa.array(np.asarray(descs, dtype=object)[g] if k else [], pa.string()),
+        "comm_id": pa.array(np.zeros(k), pa.int64()), "dialect": _strings(np.zeros(k, np.int64), [SOURCE]),
+        "op": op_col, "is_p2p": pa.array(p2p), "pg_name": _strings(g, names) if k else pa.array([], pa.string()),
+        "pg_desc": _strings(g, descs) if k else pa.array([], pa.string()),
         "pg_ranks": member_lists.take(pa.array(g)) if k else pa.array([], pa.list_(pa.int32())),
-        "group_size": i32(sizes[g] if k else []), "pg_source": pa.array(np.full(k, SOURCE, dtype=object), pa.string()),
+        "group_size": i32(sizes[g] if k else []), "pg_source": _strings(np.zeros(k, np.int64), [SOURCE]),
         "pg_inferred": pa.array(np.zeros(k, bool)),
-        "seq": i64(step * SEQ_STRIDE + a["seq"][idx], mask=p2p), "seq_source": pa.array(
-            np.where(p2p, None, SOURCE), pa.string()),
+        "seq": i64(step * SEQ_STRIDE + a["seq"][idx], mask=p2p), "seq_source": pc.if_else(pa.array(p2p), pa.scalar(None, pa.string()),
+                                                                   _strings(np.zeros(k, np.int64), [SOURCE])),
         "p2p_seq": i64(p2p_seq, mask=~p2p), "src_rank": i32(src, mask=~p2p | (~send & ~has_peer)),
         "dst_rank": i32(dst, mask=~p2p | (send & ~has_peer)), "peer_rank": i32(peer, mask=~has_peer),
         "tag": i64(tag, mask=~p2p),
         "enqueue_event_id": i64(op_eid[idx]), "enqueue_ts_ns": i64(ts), "enqueue_dur_ns": i64(dur),
         "enqueue_tid": i64(np.full(k, TID)), "exec_event_id": i64(op_eid[idx]),
-        "exec_name": pa.array(np.asarray(ops_u, dtype=object)[code] if k else [], pa.string()),
+        "exec_name": _strings(code, list(ops_u)),
         "start_ts_ns": i64(ts), "end_ts_ns": i64(ts + dur), "dur_ns": i64(dur), "exec_tid": i64(np.full(k, TID)),
         "on_gpu": pa.array(np.zeros(k, bool)), "step": i32(step)}
     fields = {f.name: f for f in S.COMMS.arrow_schema}
