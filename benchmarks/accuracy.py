@@ -165,6 +165,30 @@ def analyse(cache: Path, name: str, run_dir: Path, culprit_ranks: list[int] | No
     return doc
 
 
+def peer_compute(cache: Path, docs: dict, twins: dict) -> str:
+    """A diagnostic of the corpus, not a score: per fault run, the compute per step (median over
+    steps of temporal_breakdown.compute_ns, mean over ranks) of the ranks that are NOT the culprit,
+    against the same ranks in the clean twin. The replay keeps those ranks' recorded durations, so
+    a ratio far from 1 (ranks sharing cores compute faster while the culprit sleeps) is an error of
+    the what-if that no graph can remove."""
+    import duckdb
+    files = str(cache / "store" / "_results" / "temporal_breakdown" / "*.parquet")   # one file per analysed run
+    per = duckdb.sql(f"SELECT run, rank, median(compute_ns) AS c FROM read_parquet('{files}') GROUP BY run, rank").df()
+    rows = ["| fault run | peers' compute per step, fault / twin ms | ratio |", "|---|---|---|"]
+    for name, twin in twins.items():
+        doc = docs.get(name)
+        if not twin or not doc or twin not in docs:
+            continue
+        t = sc.truth(doc["ground_truth"])
+        culprits = set(t.ranks or []) if t else set()
+        f = per[(per["run"] == name) & ~per["rank"].isin(culprits)].set_index("rank")["c"]
+        c = per[(per["run"] == twin) & per["rank"].isin(f.index)].set_index("rank")["c"]
+        if f.empty or c.empty:
+            continue
+        rows.append(f"| {name} | {f.mean() / 1e6:.1f} / {c.mean() / 1e6:.1f} | {f.mean() / c.mean():.2f} |")
+    return "\n".join(rows) + "\n"
+
+
 def structural(cache: Path, pairs, run_dirs: dict) -> list[dict]:
     """Each structural plan's predicted job step against the measured step of the real re-run."""
     from traceanalyzer import ingest, replay
@@ -239,6 +263,9 @@ def main(argv=None) -> int:
     twins = {c.name: c.twin for c in cases}
     scores = sc.score_corpus(docs, twins, not_clean=NOT_CLEAN, structural=plans)
     text = sc.render(scores)
+    text += ("\nContention check (a diagnostic, not scored): the compute of the ranks that are not the culprit, "
+             "fault run against its clean twin; the replay keeps their recorded durations.\n\n"
+             + peer_compute(cache, docs, twins))
     cmd = "PYTHONPATH=$PWD python benchmarks/accuracy.py " + " ".join(argv if argv is not None else sys.argv[1:])
     head = (f"\n## Accuracy{(' (' + a.label + ')') if a.label else ''}: `benchmarks/accuracy.py`, "
             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n`{cmd}`  \n"

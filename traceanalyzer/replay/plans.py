@@ -205,6 +205,25 @@ def _operation_keys(g: Graph) -> list[tuple[np.ndarray, int]]:
     return g.cache["operation_keys"]
 
 
+def _same_stage_references(g: Graph, ranks, others: np.ndarray) -> list[tuple[np.ndarray, list]]:
+    """For the idealised ``ranks`` of a pipeline run with replicas: per stage, (a per-rank mask of
+    the ranks not idealised that hold that stage, the idealised ranks holding it); stages without
+    such a peer are left out (they keep the reference of every rank not idealised)."""
+    st = g.stages
+    if st is None or st.empty:
+        return []
+    stage_of = dict(zip(st["rank"].astype(int), st["stage"].astype(int)))
+    out = []
+    for stage in sorted({stage_of[r] for r in ranks if r in stage_of}):
+        peers = np.zeros(len(others), bool)
+        for r, s in stage_of.items():
+            if s == stage and 0 <= r < len(others) and others[r]:
+                peers[r] = True
+        if peers.any():
+            out.append((peers, [r for r in ranks if stage_of.get(r) == stage]))
+    return out
+
+
 def _reference_mask(g: Graph, reference) -> np.ndarray:
     """Per node: does its rank belong to the reference ranks (all ranks when None)?"""
     if reference is None:
@@ -230,6 +249,10 @@ def apply_plan(g: Graph, plan: dict, typical: np.ndarray | None = None) -> np.nd
                 ref = np.ones(n_ranks, bool)
                 ref[[r for r in ranks if 0 <= r < n_ranks]] = False
                 typ = typical_durations(g, reference=ref)
+                # a pipeline stage is compared with the ranks holding the same stage (its data-parallel
+                # peers in the other replicas) where there are any: the other stages do other work
+                for peers, own in _same_stage_references(g, ranks, ref):
+                    typ = np.where(_rank_mask(g, own), typical_durations(g, reference=peers), typ)
             else:
                 if typical is None:
                     typical = typical_durations(g)
