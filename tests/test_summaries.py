@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 from conftest import ROOT, ingest_runs
@@ -151,5 +152,8 @@ def test_a_damaged_summary_is_computed_again(tmp_path_factory):
     victim.write_bytes(victim.read_bytes()[:20])
     assert sm.current(store, ["ddp_gloo_2rank"], effective_params({})) == []
     second = analyze(store)
-    assert all(first[k].equals(second[k]) for k in first)
+    # equal, floats to 1e-9 relative: DuckDB's parallel float aggregates (seqlen_signal's corr) meet
+    # the rows in another order from one analyze to the next
+    for k in first:
+        pd.testing.assert_frame_equal(first[k], second[k], check_exact=False, rtol=1e-9, obj=k)
     assert not victim.exists()  # replaced by a new generation's file, the old one collected
