@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import TRACES
+from conftest import ingest_runs
 
 import traceanalyzer as ta
 from traceanalyzer import replay, report
@@ -29,10 +29,7 @@ RUNS = ["ddp_gloo_2rank_big_b25", "ddp_gloo_2rank_big_b4", "pp_gpipe_4rank", "dd
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    s = tmp_path_factory.mktemp("accfind") / "store"
-    for run in RUNS:
-        ta.ingest([TRACES / run], s, run=run, progress=False, workers=1)
-    return s
+    return ingest_runs(tmp_path_factory, "accfind", RUNS, workers=1)
 
 
 def _data(store, run):

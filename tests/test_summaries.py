@@ -101,7 +101,7 @@ def test_summaries_follow_the_parameters(tmp_path_factory):
     store = ingest_runs(tmp_path_factory, "summaries_params", ("ddp_gloo_2rank",), workers=1)
     analyze(store)
     files = sorted(p.relative_to(store) for p in (store / sm.FOLDER).rglob("*.parquet"))
-    assert files and any("rank=1" in str(f) for f in files)
+    assert files and any("rank=0-1" in str(f) for f in files)   # both (small) ranks in one map task
     assert sm.ensure(store, ["ddp_gloo_2rank"], effective_params({})) == []  # current: nothing to do
     analyze(store, exposed_top=3)
     again = sorted(p.relative_to(store) for p in (store / sm.FOLDER).rglob("*.parquet"))
@@ -114,13 +114,13 @@ def test_summaries_follow_the_parameters(tmp_path_factory):
 
 
 def test_map_on_a_process_pool(tmp_path_factory):
-    """The map runs one task per rank on the executor (here two worker processes): same files."""
+    """The map runs its tasks on the executor (here two worker processes, one chunk of ranks each)."""
     from traceanalyzer.analyses import summaries as sm
     from traceanalyzer.analyses.results import effective_params
     store = ingest_runs(tmp_path_factory, "summaries_pool", ("ddp_gloo_4rank",), workers=1)
     assert sm.ensure(store, ["ddp_gloo_4rank"], effective_params({}), n_workers=2) == ["ddp_gloo_4rank"]
     entry = json.loads((store / "_store.json").read_text())["summaries"]["ddp_gloo_4rank"]
-    assert len(entry["files"]["step_phases"]) == 4 and len(entry["files"]["step_alignment"]) == 1
+    assert len(entry["files"]["step_phases"]) == 2 and len(entry["files"]["step_alignment"]) == 1
     rows = sum(pq.read_metadata(store / f).num_rows for f in entry["files"]["step_phases"])
     assert rows > 0
 
@@ -157,3 +157,23 @@ def test_a_damaged_summary_is_computed_again(tmp_path_factory):
     for k in first:
         pd.testing.assert_frame_equal(first[k], second[k], check_exact=False, rtol=1e-9, obj=k)
     assert not victim.exists()  # replaced by a new generation's file, the old one collected
+
+
+def test_map_tasks_take_chunks_of_ranks(tmp_path_factory, monkeypatch):
+    """The map cuts a run into tasks of consecutive ranks by the size of their events (one task per
+    rank when each is over the budget; one worker's even share at most): the same results either way."""
+    from traceanalyzer.analyses import summaries as sm
+    from traceanalyzer.analyses.results import analyze
+    from traceanalyzer.store import files as st
+    store = ingest_runs(tmp_path_factory, "summaries_chunks", ("ddp_gloo_4rank_slow2",), workers=1)
+    loc, manifest = st.location(store), st.read_manifest(st.location(store))
+    assert sm.rank_chunks(loc, manifest, "ddp_gloo_4rank_slow2") == [[0, 1, 2, 3]]
+    assert sm.rank_chunks(loc, manifest, "ddp_gloo_4rank_slow2", n_workers=2) == [[0, 1], [2, 3]]
+    together = analyze(store)
+    monkeypatch.setattr(sm, "MAP_TASK_EVENTS_BYTES", 1)
+    assert sm.rank_chunks(loc, manifest, "ddp_gloo_4rank_slow2") == [[0], [1], [2], [3]]
+    sm.forget(store)
+    apart = analyze(store)
+    assert any("rank=3" in str(p) for p in (store / sm.FOLDER).rglob("*.parquet"))
+    for k in together:
+        pd.testing.assert_frame_equal(together[k], apart[k], check_exact=False, rtol=1e-9, obj=k)

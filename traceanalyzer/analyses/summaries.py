@@ -6,10 +6,11 @@ depend on one rank's data only, given the ``-- scope: align`` views (step alignm
 offsets), which are cross-rank but read only ``comms``, ``steps`` and ``ranks``. So, per run:
 
 1. **align**: one connection over the run computes the ``align`` views (no ``events`` read);
-2. **map**: one task per rank (on the executor: inline, a process pool or Dask) opens the store
-   with that rank's files only, takes the ``align`` views as given, computes the ``rank`` views
-   and writes those the cross-rank views or the results read (:func:`saved_views`) as Parquet;
-3. **commit**: the files go to ``STORE/_summaries/<view>/run=R/rank=K/part-G.parquet`` (the align
+2. **map**: one task per chunk of consecutive ranks (:func:`rank_chunks`: up to 16 MB of events
+   Parquet; on the executor: inline, a process pool or Dask) opens the store with those ranks'
+   files only, takes the ``align`` views as given, computes the ``rank`` views and writes those the
+   cross-rank views or the results read (:func:`saved_views`) as Parquet;
+3. **commit**: the files go to ``STORE/_summaries/<view>/run=R/rank=K[-L]/part-G.parquet`` (the align
    views: ``.../run=R/rank=all/``) and are listed in the manifest under ``summaries`` with a key;
 4. **reduce**: :func:`attach` puts a view over the union of the saved files in place of each saved
    view (:func:`.modules.provide`), so the cross-rank modules read them and never rebuild them
@@ -34,7 +35,11 @@ from ..store import files as st
 from . import modules as M
 
 #: bump when the layout of the saved summaries changes (part of the key)
-FORMAT = 1
+FORMAT = 2
+#: the events Parquet one map task reads at most (bytes; a larger rank is a task of its own)
+MAP_TASK_EVENTS_BYTES = 16 << 20
+#: ranks per map task where the events' sizes are not known (a store on object storage)
+MAP_TASK_RANKS = 16
 #: manifest key of the summaries
 ENTRY = "summaries"
 #: folder of the summaries in the store
@@ -102,6 +107,11 @@ def key(manifest, run: str, params: dict) -> str:
     return hashlib.sha256(doc.encode()).hexdigest()[:32]
 
 
+def chunk_label(ranks: list[int]) -> str:
+    """A chunk's name in paths: its rank, or its first and last rank."""
+    return str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]}-{ranks[-1]}"
+
+
 def ranks_of(manifest, run: str) -> list[int]:
     return sorted({t["rank"] for t in manifest.traces if t.get("run") == run})
 
@@ -134,9 +144,39 @@ def select(paths: list[str], types: list[list[str]]) -> str:
 
 # -- the tasks ------------------------------------------------------------------------------------
 
-def _open(store: str, run: str, rank: int | None = None):
-    """A store connection over run ``run``'s files (one rank's when ``rank`` is given)."""
-    return st.open_store(store, select=lambda t: t.get("run") == run and (rank is None or t.get("rank") == rank))
+def _open(store: str, run: str, ranks: list[int] | None = None):
+    """A store connection over run ``run``'s files (those of ``ranks`` when given)."""
+    keep = None if ranks is None else set(ranks)
+    return st.open_store(store, select=lambda t: t.get("run") == run and (keep is None or t.get("rank") in keep))
+
+
+def rank_chunks(loc, manifest, run: str, n_workers: int = 1) -> list[list[int]]:
+    """The run's ranks cut into the map's tasks: consecutive ranks up to MAP_TASK_EVENTS_BYTES of
+    events Parquet together (a larger rank is a task of its own), MAP_TASK_RANKS where the sizes are
+    not known (an object store), and at most an even share of the ranks per worker. Why not one task
+    per rank: each task pays a connection and the binding of the rank views (~0.3 s), which at
+    thousands of small ranks (an op timeline) is most of the work; memory stays that of a few ranks."""
+    ranks = ranks_of(manifest, run)
+    cap = max(1, -(-len(ranks) // max(1, n_workers))) if n_workers > 1 else len(ranks) or 1
+    if not isinstance(loc, Path):
+        step = max(1, min(MAP_TASK_RANKS, cap))
+        return [ranks[i:i + step] for i in range(0, len(ranks), step)]
+    size: dict[int, int] = {}
+    for t in manifest.traces:
+        f = t["files"].get("events") if t.get("run") == run else None
+        if f:
+            try:
+                size[t["rank"]] = size.get(t["rank"], 0) + (loc / f).stat().st_size
+            except OSError:
+                size[t["rank"]] = size.get(t["rank"], 0) + MAP_TASK_EVENTS_BYTES
+    chunks, cur, total = [], [], 0
+    for r in ranks:
+        if cur and (total + size.get(r, 0) > MAP_TASK_EVENTS_BYTES or len(cur) >= cap):
+            chunks.append(cur)
+            cur, total = [], 0
+        cur.append(r)
+        total += size.get(r, 0)
+    return chunks + ([cur] if cur else [])
 
 
 def align_task(store: str, run: str, params: dict, out: str) -> dict:
@@ -152,17 +192,18 @@ def align_task(store: str, run: str, params: dict, out: str) -> dict:
         con.close()
 
 
-def map_task(store: str, run: str, rank: int, params: dict, align: dict, out: str, views: list[str]) -> dict:
-    """Compute rank ``rank``'s saved views from its own files and the run's ``align`` views;
-    returns {view: (path, types)}. Runs in a worker: its memory is that of one rank."""
+def map_task(store: str, run: str, ranks: list[int], params: dict, align: dict, out: str, views: list[str]) -> dict:
+    """Compute the saved views of ``ranks`` (a chunk, ``rank_chunks``) from their own files and the
+    run's ``align`` views; returns {view: (path, types)}. Runs in a worker: its memory is that of the
+    chunk's ranks."""
     from . import prepare
-    con = _open(store, run, rank)
+    con = _open(store, run, ranks)
     try:
         prepare(con, modules=[], **params)
         for view, (path, types) in align.items():
             M.provide(con, view, select([path], types) + f" WHERE run = '{_quote(run)}'")
         prepare(con, views=views, **params)
-        folder = Path(out) / f"rank={rank}"
+        folder = Path(out) / f"rank={chunk_label(ranks)}"
         folder.mkdir(parents=True, exist_ok=True)
         return {v: (str(folder / f"{v}.parquet"), _write(con, v, folder / f"{v}.parquet")) for v in views}
     finally:
@@ -201,14 +242,15 @@ def ensure(store, runs: list[str], params: dict, dask=None, n_workers: int = 1, 
             if progress:
                 progress(f"summaries of run {run}: {len(ranks_of(manifest, run))} ranks")
             align = align_task(where, run, params, str(staging / f"run-{run}"))
-            ranks = ranks_of(manifest, run)
-            calls = [(where, run, rank, params, align, str(staging / f"run-{run}"), views) for rank in ranks]
+            chunks = rank_chunks(loc, manifest, run, n_workers)
+            calls = [(where, run, c, params, align, str(staging / f"run-{run}"), views) for c in chunks]
             per_rank = {}
             with open_executor(dask, n_workers=n_workers, n_tasks=len(calls)) as ex:
-                for i, result, failure in ex.map_unordered(map_task, calls, [f"summary-{run}-{r}" for r in ranks]):
+                for i, result, failure in ex.map_unordered(map_task, calls,
+                                                           [f"summary-{run}-{chunk_label(c)}" for c in chunks]):
                     if failure:
-                        raise TraceAnalyzerError(f"summaries of run {run}, rank {ranks[i]}: {failure}")
-                    per_rank[ranks[i]] = result
+                        raise TraceAnalyzerError(f"summaries of run {run}, ranks {chunk_label(chunks[i])}: {failure}")
+                    per_rank[chunks[i][0]] = (chunk_label(chunks[i]), result)
             made[run] = (key(manifest, run, params), align, per_rank)
         _commit(loc, made)
     finally:
@@ -252,9 +294,10 @@ def _commit(loc, made: dict) -> None:
             for view, (path, t) in align.items():
                 files[view] = [_place(loc, path, f"{FOLDER}/{view}/run={run}/rank=all", part)]
                 types[view] = t
-            for rank in sorted(per_rank):
-                for view, (path, t) in per_rank[rank].items():
-                    files.setdefault(view, []).append(_place(loc, path, f"{FOLDER}/{view}/run={run}/rank={rank}", part))
+            for first in sorted(per_rank):
+                label, views = per_rank[first]
+                for view, (path, t) in views.items():
+                    files.setdefault(view, []).append(_place(loc, path, f"{FOLDER}/{view}/run={run}/rank={label}", part))
                     types[view] = t
             saved[run] = {"key": run_key, "format": FORMAT, "types": types, "files": files}
         st.write_manifest(loc, manifest)

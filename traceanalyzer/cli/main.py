@@ -320,7 +320,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
                    help="compute every view over all ranks' events in one connection (no per-rank summaries)")
     s.add_argument("--workers", type=int, default=1, metavar="N",
                    help="per-rank summaries on a local pool of N processes (default 1: in this process)")
-    _cluster_options(s, "compute the per-rank summaries (one task per rank)")
+    _cluster_options(s, "compute the per-rank summaries (one task per chunk of ranks)")
     s.set_defaults(func=_cmd_analyze)
 
     s = sub.add_parser("schema", help="print every table and column of the store schema, and every analysis's result table")
