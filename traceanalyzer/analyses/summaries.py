@@ -157,7 +157,7 @@ def rank_chunks(loc, manifest, run: str, n_workers: int = 1) -> list[list[int]]:
     per rank: each task pays a connection and the binding of the rank views (~0.3 s), which at
     thousands of small ranks (an op timeline) is most of the work; memory stays that of a few ranks."""
     ranks = ranks_of(manifest, run)
-    cap = max(1, -(-len(ranks) // max(1, n_workers))) if n_workers > 1 else len(ranks) or 1
+    cap = max(1, -(-len(ranks) // max(1, n_workers)))     # ceil(ranks / workers): every worker gets work
     if not isinstance(loc, Path):
         step = max(1, min(MAP_TASK_RANKS, cap))
         return [ranks[i:i + step] for i in range(0, len(ranks), step)]

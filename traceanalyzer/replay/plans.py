@@ -248,10 +248,12 @@ def apply_plan(g: Graph, plan: dict, typical: np.ndarray | None = None) -> np.nd
             if a.get("reference", "others" if subset else "all") == "others" and subset:
                 ref = np.ones(n_ranks, bool)
                 ref[[r for r in ranks if 0 <= r < n_ranks]] = False
-                typ = typical_durations(g, reference=ref)
                 # a pipeline stage is compared with the ranks holding the same stage (its data-parallel
                 # peers in the other replicas) where there are any: the other stages do other work
-                for peers, own in _same_stage_references(g, ranks, ref):
+                by_stage = _same_stage_references(g, ranks, ref)
+                with_peers = {r for _, own in by_stage for r in own}
+                typ = typical_durations(g, reference=ref) if set(ranks) - with_peers else g.dur
+                for peers, own in by_stage:
                     typ = np.where(_rank_mask(g, own), typical_durations(g, reference=peers), typ)
             else:
                 if typical is None:

@@ -22,9 +22,10 @@ from .load import Scratch
 # waits for the completion of a collective run by a runloop thread on behalf of this thread: the
 # completion falls in a gap of the thread's top-level work and the gap ends within $tail_ns of it
 # (the thread waited for it) or starts within $tail_ns of the enqueue (the thread went idle in the
-# call that enqueued it: a synchronous collective, however late the thread then woke up), or the op that enqueued it still runs and ends within $tail_ns (a
-# synchronous collective, e.g. gloo's all_to_all_single: it waits from the enqueue cut on). Not for
-# a lazily waited p2p: its wait is known (_LAZY_WAITS)
+# call that enqueued it: a synchronous collective, however late the thread then woke up); or the
+# op that enqueued it still runs and ends within $tail_ns (a synchronous collective, e.g. gloo's
+# all_to_all_single: it waits from the enqueue cut on). Not for a lazily waited p2p: its wait is
+# known (_LAZY_WAITS)
 _RUNLOOP_WAITS = """
 WITH q AS (SELECT m.rank, m.enq_tid AS tid, m."end" AS ce, m.cut, m.comm_id FROM {cm} m WHERE m.is_q AND NOT m.lazy),
 a AS (SELECT q.*, t.start, t."end" AS top_end, t.nxt FROM q ASOF JOIN {tops} t

@@ -11,7 +11,10 @@ Tables made (columns):
 * ``cm``     communication with a key: the execution span (start, end), its instance ``inst``
              ((pg, seq) for collectives, (pg, src, dst, tag, p2p_seq) for p2p), the instance's last
              arrival ``c`` (clipped to the member's own span), where it runs (``on_cpu``: on the
-             issuing thread; ``is_q``: on a runloop thread), the enqueue cut point ``cut``
+             issuing thread; ``is_q``: on a runloop thread or, ``lazy``, a lane of its own), the
+             enqueue cut point ``cut``; ``cm0`` is the same before the lazy members' ends are fixed
+* ``lazy``   the lazily waited p2p members: rank, their thread ``tid``, their span's event ``exec_event_id``
+* ``lazy_bounds`` rank, tid, b: the activity boundaries of the threads with lazily waited p2p
 * ``inst``   one row per instance: key, op, bytes, is_p2p, n_ranks, last_arrival, transfer_ns
 * ``cpu``    the CPU threads that get a lane (not a GPU stream, not a runloop thread)
 * ``launch`` runtime calls on CPU lanes joined to the GPU ops they launched (rank, correlation)
@@ -134,16 +137,14 @@ SELECT *, least(last_arrival, greatest("end", start)) AS c FROM e"""
 # the activity of threads with lazily waited p2p: every start of an event (nested ones too) and
 # every end but a lazy span's (that is the wait's end)
 _LAZY_BOUNDS = """
-WITH t AS (SELECT DISTINCT rank, lazy_tid AS tid FROM {cm0} WHERE lazy),
-e AS (SELECT e.rank::BIGINT AS rank, coalesce(e.tid, 0) AS tid, e.event_id, e.ts_ns + coalesce(o.off, 0) AS ts,
+WITH e AS (SELECT e.rank::BIGINT AS rank, coalesce(e.tid, 0) AS tid, e.event_id, e.ts_ns + coalesce(o.off, 0) AS ts,
              e.ts_ns + coalesce(o.off, 0) + coalesce(e.dur_ns, 0) AS te
       FROM events e LEFT JOIN {off} o ON o.rank = e.rank
       WHERE e.run = $run AND e.ph = 'X' AND e.kind NOT IN ('step', 'instant', 'gpu_annotation')
-        AND NOT coalesce(e.is_gpu, false) AND (e.rank, coalesce(e.tid, 0)) IN (SELECT rank, tid FROM t))
+        AND NOT coalesce(e.is_gpu, false) AND (e.rank, coalesce(e.tid, 0)) IN (SELECT rank, tid FROM {lazy}))
 SELECT rank, tid, ts AS b FROM e
 UNION ALL
-SELECT e.rank, e.tid, e.te FROM e ANTI JOIN (SELECT rank, exec_event_id FROM {cm0} WHERE lazy) x
-    ON x.rank = e.rank AND x.exec_event_id = e.event_id"""
+SELECT e.rank, e.tid, e.te FROM e ANTI JOIN {lazy} x ON x.rank = e.rank AND x.exec_event_id = e.event_id"""
 
 _INSTANCES = """
 SELECT inst, first(key ORDER BY pos) AS key, first(op ORDER BY pos) AS op, max(bytes) AS bytes,
@@ -153,7 +154,7 @@ FROM {cm} GROUP BY inst"""
 
 _CPU_THREADS = """
 SELECT DISTINCT rank, tid FROM {ev} WHERE NOT is_gpu
-EXCEPT SELECT DISTINCT rank, exec_tid FROM {cm} WHERE is_q AND exec_tid IS NOT NULL"""
+EXCEPT SELECT DISTINCT rank, exec_tid FROM {cm0} WHERE is_q AND exec_tid IS NOT NULL"""
 
 # runtime calls with a correlation id, joined to the GPU ops of their rank with the same id
 _LAUNCHES = """
@@ -170,10 +171,10 @@ WITH w AS (
            max(e.te) OVER (PARTITION BY e.rank, e.tid ORDER BY e.ts, e.dur DESC, e.event_id
                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_max
     FROM {ev} e SEMI JOIN {cpu} c ON c.rank = e.rank AND c.tid = e.tid
-    ANTI JOIN (SELECT rank, exec_event_id FROM {cm0} WHERE lazy) z ON z.rank = e.rank AND z.exec_event_id = e.event_id
+    ANTI JOIN {lazy} z ON z.rank = e.rank AND z.exec_event_id = e.event_id
     WHERE NOT e.is_gpu AND e.kind <> 'step'
       -- work nested in a lazily waited p2p span is the thread's own once the span is left out
-      AND (NOT e.nested OR (e.rank, e.tid) IN (SELECT rank, lazy_tid FROM {cm0} WHERE lazy))),
+      AND (NOT e.nested OR (e.rank, e.tid) IN (SELECT rank, tid FROM {lazy}))),
 i AS (
     SELECT *, sum(CASE WHEN prev_max IS NULL OR ts >= prev_max THEN 1 ELSE 0 END)
               OVER (PARTITION BY rank, tid ORDER BY ts, dur DESC, event_id ROWS UNBOUNDED PRECEDING) AS island
@@ -203,7 +204,8 @@ def load(s: Scratch) -> None:
     nested = "coalesce(e.nested, false)" if "nested" in cols else "false"
     s.make("ev", _EVENTS.replace("{nested}", nested))
     s.make("cm0", _COMMS)
-    s.make("cpu", _CPU_THREADS.replace("{cm}", "{cm0}"))
+    s.make("lazy", "SELECT rank, lazy_tid AS tid, exec_event_id FROM {cm0} WHERE lazy")
+    s.make("cpu", _CPU_THREADS)
     s.make("tops", _TOPS)
     s.make("cm", _LAZY_ENDS)
     s.make("lazy_bounds", _LAZY_BOUNDS)
