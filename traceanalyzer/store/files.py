@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import socket
+import time
 import uuid
 import weakref
 from contextlib import contextmanager
@@ -38,6 +40,19 @@ from .location import location as _location
 MANIFEST = "_store.json"
 LOCK = "_store.lock"
 FORMAT = "traceanalyzer-store"
+#: Seconds a file stays in the store after a commit unlisted it (a replaced saved result or
+#: per-rank summary): a reader that listed it before that commit (another ``analyze``, a report, a
+#: notebook) reads it for at least this long (docs/concurrency.md). Listed in the manifest under
+#: ``retired`` with the time it was unlisted; garbage collection removes it afterwards.
+RETIRED_KEEP_S = 3600
+#: Seconds a short commit (analyze's summaries and results, :func:`update`) waits for the store
+#: lock another writer holds, before one StoreError line.
+COMMIT_WAIT_S = 600
+#: Tries of a commit on a remote store (no lock) that finds its generation taken by another writer.
+UPDATE_TRIES = 20
+#: Prefix of a work folder (``.work-<host>-<pid>-<id>``, :func:`new_work_folder`): files a
+#: process stages without holding the lock; collected only once that process is gone.
+WORK = ".work-"
 
 _DUCK_TYPES = {"int64": "BIGINT", "int32": "INTEGER", "string": "VARCHAR", "bool": "BOOLEAN",
                "double": "DOUBLE", "list<item: int32>": "INTEGER[]"}
@@ -168,14 +183,16 @@ def check_writable(store: Path | Remote) -> None:
 
 
 @contextmanager
-def locked(store: Path):
-    """Exclusive write access to the store; a lock left by a dead process is taken over. A remote
-    store has no lock: its commit is a conditional create (:mod:`.remote`)."""
+def locked(store: Path, wait_s: float = 0):
+    """Exclusive write access to the store; a lock left by a dead process is taken over, one a
+    live process holds is waited for up to ``wait_s`` seconds. A remote store has no lock: its
+    commit is a conditional create (:mod:`.remote`)."""
     if isinstance(store, Remote):
         yield
         return
     lock = store / LOCK
-    for _ in range(2):
+    deadline, pause, stale = time.monotonic() + wait_s, 0.02, 0
+    while True:
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
             break
@@ -183,13 +200,19 @@ def locked(store: Path):
             if not isinstance(exc, FileExistsError):
                 raise StoreError(f"{store}: cannot take the store lock {lock} ({exc.strerror or exc})") from None
             host, pid = lock_owner(lock)
+            if not pid and stale < 50:  # being written this instant, or left empty by a full disk
+                stale += 1
+                time.sleep(0.01)
+                continue
             if owner_alive(host, pid):
+                if time.monotonic() < deadline:
+                    time.sleep(pause)
+                    pause = min(0.5, pause * 1.5)
+                    continue
                 on = f" on {host}" if host and host != socket.gethostname() else ""
                 raise StoreError(f"{store}: another ingest (pid {pid}{on}) is writing this store; wait for it, "
                                  f"or remove {lock} if that process is gone") from None
             lock.unlink(missing_ok=True)
-    else:
-        raise StoreError(f"{store}: cannot take the store lock {lock}")
     try:
         try:
             os.write(fd, f"{socket.gethostname()}:{os.getpid()}".encode())
@@ -258,10 +281,74 @@ def summary_files(manifest: Manifest) -> set[str]:
     return {f for r in manifest.extra.get("summaries", {}).values() for fs in r.get("files", {}).values() for f in fs}
 
 
+def listed(manifest: Manifest) -> set[str]:
+    """Every file the manifest lists: tables, per-process inputs, saved results, summaries."""
+    return ({f for t in manifest.traces + manifest.sidecars for f in t["files"].values()}
+            | {f for r in manifest.extra.get("results", {}).values() for f in r.get("files", {}).values()}
+            | summary_files(manifest))
+
+
+def retained(manifest: Manifest, now: float | None = None) -> set[str]:
+    """The files a commit unlisted less than RETIRED_KEEP_S ago (a reader may still hold them)."""
+    now = time.time() if now is None else now
+    return {f for f, at in manifest.extra.get("retired", {}).items() if now - float(at) < RETIRED_KEEP_S}
+
+
+def retire(before: Manifest, after: Manifest, now: float | None = None) -> None:
+    """List in ``after`` (under ``retired``, with the time) the files ``before`` listed and
+    ``after`` does not; drop the entries older than RETIRED_KEEP_S or listed again."""
+    now = time.time() if now is None else now
+    live = listed(after)
+    kept = {f: at for f, at in before.extra.get("retired", {}).items() if now - float(at) < RETIRED_KEEP_S}
+    kept.update({f: now for f in listed(before) - live})
+    after.extra["retired"] = {f: at for f, at in sorted(kept.items()) if f not in live}
+    if not after.extra["retired"]:
+        del after.extra["retired"]
+
+
+def update(store: Path | Remote, change, wait_s: float | None = None):
+    """One short read-modify-commit of the manifest (analyze's per-rank summaries and results):
+    ``change(manifest)`` edits the manifest read now, whose ``generation`` is already the new one;
+    on a local store it runs under the lock (waiting up to ``wait_s``, default COMMIT_WAIT_S, for
+    another writer) and may move files into place. The files the change unlists are retired
+    (:func:`retire`), not deleted, then garbage is collected. A remote store has no lock: a commit
+    that finds its generation taken is done again on the newer manifest (UPDATE_TRIES times), so
+    ``change`` must be safe to call again. Returns what the last ``change`` returned."""
+    wait_s = COMMIT_WAIT_S if wait_s is None else wait_s
+    if isinstance(store, Remote):
+        from .remote import commit
+        for attempt in range(UPDATE_TRIES):
+            before = read_manifest(store)
+            manifest = _copy(before)
+            manifest.generation += 1
+            out = change(manifest)
+            retire(before, manifest)
+            if commit(store, manifest):
+                collect_garbage(store, manifest)
+                return out
+            time.sleep(random.uniform(0.05, 0.2) * (attempt + 1))  # another writer was first: again
+        raise StoreError(f"{store}: {UPDATE_TRIES} other writers committed first; nothing of this write is listed: "
+                         "run it again")
+    with locked(store, wait_s):
+        before = read_manifest(store)
+        manifest = _copy(before)
+        manifest.generation += 1
+        out = change(manifest)
+        retire(before, manifest)
+        write_manifest(store, manifest)
+        collect_garbage(store, manifest)
+        return out
+
+
+def _copy(manifest: Manifest) -> Manifest:
+    return _from_doc(json.loads(manifest.to_json()), "", "")
+
+
 def collect_garbage(store: Path, manifest: Manifest) -> None:
     """Remove files no manifest lists (left by an ingest that was killed) and old staging dirs."""
-    live = {f for t in manifest.traces + manifest.sidecars for f in t["files"].values()}
-    summaries = summary_files(manifest)
+    kept = retained(manifest)  # unlisted by a recent commit: a reader may hold them
+    live = {f for t in manifest.traces + manifest.sidecars for f in t["files"].values()} | kept
+    summaries = summary_files(manifest) | kept
     if isinstance(store, Remote):
         from .remote import collect_garbage as collect
         collect(store, live | summaries
@@ -279,7 +366,7 @@ def collect_garbage(store: Path, manifest: Manifest) -> None:
                 d.rmdir()
             except OSError:
                 pass
-    results = {f for r in manifest.extra.get("results", {}).values() for f in r.get("files", {}).values()}
+    results = {f for r in manifest.extra.get("results", {}).values() for f in r.get("files", {}).values()} | kept
     for path in (store / "_results").rglob("*.parquet") if (store / "_results").exists() else ():
         if path.relative_to(store).as_posix() not in results:
             path.unlink(missing_ok=True)
@@ -288,6 +375,9 @@ def collect_garbage(store: Path, manifest: Manifest) -> None:
             path.unlink(missing_ok=True)
     for staging in store.glob(".staging-*"):  # we hold the lock: no other ingest is staging
         shutil.rmtree(staging, ignore_errors=True)
+    for work in store.glob(f"{WORK}*"):  # staged without the lock: only once its process is gone
+        if not work_owner_alive(work):
+            shutil.rmtree(work, ignore_errors=True)
     for tmp in [*store.glob(f".{MANIFEST}.*.tmp"), *store.glob(".write-test-*")]:  # left by a killed writer
         tmp.unlink(missing_ok=True)
 
@@ -403,6 +493,23 @@ def new_staging(store: Path | Remote) -> Path:
     staging = store / f".staging-{uuid.uuid4().hex}"
     staging.mkdir()
     return staging
+
+
+def new_work_folder(store: Path | Remote) -> Path:
+    """A fresh folder for files a process stages *without* the store lock (an analyze's per-rank
+    summaries), named after the process (``.work-<host>-<pid>-<id>``) so that garbage collection
+    leaves it alone while that process lives; a local temporary folder for a remote store."""
+    if isinstance(store, Remote):
+        return new_staging(store)
+    work = store / f"{WORK}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
+    work.mkdir()
+    return work
+
+
+def work_owner_alive(work: Path) -> bool:
+    """Is the process that made work folder ``work`` (:func:`new_work_folder`) alive?"""
+    host, pid, _ = work.name[len(WORK):].rsplit("-", 2) if work.name.count("-") >= 3 else ("", "0", "")
+    return owner_alive(host or None, int(pid) if pid.isdigit() else 0)
 
 
 def put_table(store: Path | Remote, table: pa.Table, stem: str) -> str:
