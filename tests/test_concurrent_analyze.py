@@ -23,6 +23,7 @@ import traceanalyzer as ta
 from traceanalyzer.analyses import summaries as sm
 from traceanalyzer.analyses.results import analyze, compute, effective_params
 from traceanalyzer.store import files as st
+from traceanalyzer.store import writers
 from traceanalyzer.store.check import check_store
 
 RUN = "pp_1f1b_4rank"
@@ -105,7 +106,7 @@ def test_two_analyze_processes_at_once(pristine, lone, tmp_path):
     for got in _together(store, tmp_path, [{}, {}]):
         _same(got, lone)
     assert check_store(store).ok, check_store(store).text()
-    assert not list(store.glob(f"{st.WORK}*"))
+    assert not list(store.glob(f"{writers.WORK}*"))
     manifest = st.read_manifest(store)
     assert set(manifest.extra["summaries"]) == {RUN}
     assert sm.ensure(store, [RUN], effective_params({})) == []           # current: reused
@@ -143,7 +144,7 @@ def test_an_analyze_killed_mid_map_leaves_the_store_readable(pristine, lone, tmp
     go.touch()
     proc = _start(store, tmp_path / "killed.pkl", go)
     deadline = time.monotonic() + 120
-    while not any(store.glob(f"{st.WORK}*/run-*/*.parquet")) and time.monotonic() < deadline:
+    while not any(store.glob(f"{writers.WORK}*/run-*/*.parquet")) and time.monotonic() < deadline:
         assert proc.poll() is None, proc.stderr.read()[-3000:]
         time.sleep(0.005)
     proc.send_signal(signal.SIGKILL)
@@ -153,10 +154,10 @@ def test_an_analyze_killed_mid_map_leaves_the_store_readable(pristine, lone, tmp
         assert sorted(s.runs["run"]) == sorted([RUN, OTHER])
         assert s.execute("SELECT count(*) FROM events").fetchone()[0] > 0
     report = check_store(store)
-    assert not report.damaged and report.junk and all(j.startswith(st.WORK) for j in report.junk), report.text()
+    assert not report.damaged and report.junk and all(j.startswith(writers.WORK) for j in report.junk), report.text()
     got = analyze(store)
     _same({k: v[v["run"] == RUN] for k, v in got.items()}, {k: v[v["run"] == RUN] for k, v in lone.items()})
-    assert check_store(store).ok and not list(store.glob(f"{st.WORK}*"))
+    assert check_store(store).ok and not list(store.glob(f"{writers.WORK}*"))
 
 
 # -- an S3 store ----------------------------------------------------------------------------------
@@ -200,9 +201,9 @@ def test_a_remote_commit_beaten_by_another_writer_is_done_again(endpoint):
     def mine(manifest):
         calls.append(manifest.generation)
         if len(calls) == 1:   # the other writer, between our read and our commit
-            st.update(st.location(url), lambda m: m.extra.__setitem__("other", 1))
+            writers.update(st.location(url), lambda m: m.extra.__setitem__("other", 1))
         manifest.extra["mine"] = 1
-    st.update(loc, mine)
+    writers.update(loc, mine)
     after = st.read_manifest(loc)
     assert calls == [start + 1, start + 2] and after.generation == start + 2
     assert after.extra["other"] == 1 and after.extra["mine"] == 1

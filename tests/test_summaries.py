@@ -100,6 +100,7 @@ def test_summaries_follow_the_parameters(tmp_path_factory, monkeypatch):
     from traceanalyzer.analyses import summaries as sm
     from traceanalyzer.analyses.results import analyze, effective_params
     from traceanalyzer.store import files as st
+    from traceanalyzer.store import writers
     store = ingest_runs(tmp_path_factory, "summaries_params", ("ddp_gloo_2rank",), workers=1)
     analyze(store)
     files = sorted(p.relative_to(store) for p in (store / sm.FOLDER).rglob("*.parquet"))
@@ -112,7 +113,7 @@ def test_summaries_follow_the_parameters(tmp_path_factory, monkeypatch):
     assert all((store / f).exists() for f in files)        # retired, not deleted: a reader may hold them
     assert sm.current(store, ["ddp_gloo_2rank"], effective_params({"exposed_top": 3})) == ["ddp_gloo_2rank"]
     assert sm.current(store, ["ddp_gloo_2rank"], effective_params({})) == []
-    monkeypatch.setattr(st, "RETIRED_KEEP_S", 0)          # the keep time is over
+    monkeypatch.setattr(writers, "RETIRED_KEEP_S", 0)          # the keep time is over
     sm.forget(store)
     assert not list((store / sm.FOLDER).rglob("*.parquet"))
     assert "ddp_gloo_2rank" not in json.loads((store / "_store.json").read_text()).get("summaries", {})

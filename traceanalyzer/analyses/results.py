@@ -18,6 +18,7 @@ from .. import __version__
 from .. import schema as S
 from ..errors import TraceAnalyzerError
 from ..store import files as st
+from ..store import writers
 from ..store.runs import resolve_run, store_runs
 from . import PARAMETERS, prepare
 from . import registry as R
@@ -111,7 +112,7 @@ def save(store: str | os.PathLike, results: dict[str, pd.DataFrame], params: dic
                 entry["files"][run] = rel
             entry.update(version=S.RESULTS_VERSION, params=params,
                          created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
-    st.update(store, change)  # waits for another analyze's commit (store lock; remote: done again)
+    writers.update(store, change)  # waits for another analyze's commit (store lock; remote: done again)
 
 
 def analyze(store: str | os.PathLike, run: str | None = None, only: list[str] | None = None,

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from .. import __version__
 from ..store import files as st
+from ..store import writers
 from . import modules as M
 
 #: bump when the layout of the saved summaries changes (part of the key)
@@ -241,7 +242,7 @@ def ensure(store, runs: list[str], params: dict, dask=None, n_workers: int = 1, 
     manifest = st.read_manifest(loc)
     where = str(loc.resolve()) if isinstance(loc, Path) else str(store)  # a cluster's workers: absolute paths
     views = saved_views()
-    staging = Path(st.new_work_folder(loc)).resolve()  # no lock held: left alone while this process lives
+    staging = Path(writers.new_work_folder(loc)).resolve()  # no lock held: left alone while this process lives
     try:
         made = {}
         for run in todo:
@@ -270,7 +271,7 @@ def forget(store, runs: list[str] | None = None) -> None:
         saved = manifest.extra.get(ENTRY, {})
         for run in list(saved) if runs is None else runs:
             saved.pop(run, None)
-    st.update(st.location(store), drop)  # their files are retired: a reader may still hold them
+    writers.update(st.location(store), drop)  # their files are retired: a reader may still hold them
 
 
 def _place(loc, path: str, rel_dir: str, part: str) -> str:
@@ -318,7 +319,7 @@ def _commit(loc, made: dict) -> None:
                 continue  # another analyze was first with the same summaries
             saved[run] = uploaded[run] if remote else _entry(loc, run, run_key, align, per_rank, str(manifest.generation))
     if made:
-        st.update(loc, change)
+        writers.update(loc, change)
 
 
 def attach(con, store, runs: list[str], params: dict) -> list[str]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import socket
 import time
@@ -40,19 +39,11 @@ from .location import location as _location
 MANIFEST = "_store.json"
 LOCK = "_store.lock"
 FORMAT = "traceanalyzer-store"
-#: Seconds a file stays in the store after a commit unlisted it (a replaced saved result or
-#: per-rank summary): a reader that listed it before that commit (another ``analyze``, a report, a
-#: notebook) reads it for at least this long (docs/concurrency.md). Listed in the manifest under
-#: ``retired`` with the time it was unlisted; garbage collection removes it afterwards.
-RETIRED_KEEP_S = 3600
-#: Seconds a short commit (analyze's summaries and results, :func:`update`) waits for the store
-#: lock another writer holds, before one StoreError line.
-COMMIT_WAIT_S = 600
-#: Tries of a commit on a remote store (no lock) that finds its generation taken by another writer.
-UPDATE_TRIES = 20
-#: Prefix of a work folder (``.work-<host>-<pid>-<id>``, :func:`new_work_folder`): files a
-#: process stages without holding the lock; collected only once that process is gone.
-WORK = ".work-"
+#: A local store whose listed table files total at most this many bytes (a few 4-rank runs of some
+#: 10 k events) is queried on one DuckDB thread: its queries are planning and fixed costs, which a
+#: second thread does not share but pays for in scheduling (0.15 CPU s of an ``analyze``'s ~1 s of
+#: SQL on the shipped 4-rank pipeline run, benchmarks/small_runs.py).
+ONE_THREAD_MAX_BYTES = 8 << 20
 
 _DUCK_TYPES = {"int64": "BIGINT", "int32": "INTEGER", "string": "VARCHAR", "bool": "BOOLEAN",
                "double": "DOUBLE", "list<item: int32>": "INTEGER[]"}
@@ -281,71 +272,9 @@ def summary_files(manifest: Manifest) -> set[str]:
     return {f for r in manifest.extra.get("summaries", {}).values() for fs in r.get("files", {}).values() for f in fs}
 
 
-def listed(manifest: Manifest) -> set[str]:
-    """Every file the manifest lists: tables, per-process inputs, saved results, summaries."""
-    return ({f for t in manifest.traces + manifest.sidecars for f in t["files"].values()}
-            | {f for r in manifest.extra.get("results", {}).values() for f in r.get("files", {}).values()}
-            | summary_files(manifest))
-
-
-def retained(manifest: Manifest, now: float | None = None) -> set[str]:
-    """The files a commit unlisted less than RETIRED_KEEP_S ago (a reader may still hold them)."""
-    now = time.time() if now is None else now
-    return {f for f, at in manifest.extra.get("retired", {}).items() if now - float(at) < RETIRED_KEEP_S}
-
-
-def retire(before: Manifest, after: Manifest, now: float | None = None) -> None:
-    """List in ``after`` (under ``retired``, with the time) the files ``before`` listed and
-    ``after`` does not; drop the entries older than RETIRED_KEEP_S or listed again."""
-    now = time.time() if now is None else now
-    live = listed(after)
-    kept = {f: at for f, at in before.extra.get("retired", {}).items() if now - float(at) < RETIRED_KEEP_S}
-    kept.update({f: now for f in listed(before) - live})
-    after.extra["retired"] = {f: at for f, at in sorted(kept.items()) if f not in live}
-    if not after.extra["retired"]:
-        del after.extra["retired"]
-
-
-def update(store: Path | Remote, change, wait_s: float | None = None):
-    """One short read-modify-commit of the manifest (analyze's per-rank summaries and results):
-    ``change(manifest)`` edits the manifest read now, whose ``generation`` is already the new one;
-    on a local store it runs under the lock (waiting up to ``wait_s``, default COMMIT_WAIT_S, for
-    another writer) and may move files into place. The files the change unlists are retired
-    (:func:`retire`), not deleted, then garbage is collected. A remote store has no lock: a commit
-    that finds its generation taken is done again on the newer manifest (UPDATE_TRIES times), so
-    ``change`` must be safe to call again. Returns what the last ``change`` returned."""
-    wait_s = COMMIT_WAIT_S if wait_s is None else wait_s
-    if isinstance(store, Remote):
-        from .remote import commit
-        for attempt in range(UPDATE_TRIES):
-            before = read_manifest(store)
-            manifest = _copy(before)
-            manifest.generation += 1
-            out = change(manifest)
-            retire(before, manifest)
-            if commit(store, manifest):
-                collect_garbage(store, manifest)
-                return out
-            time.sleep(random.uniform(0.05, 0.2) * (attempt + 1))  # another writer was first: again
-        raise StoreError(f"{store}: {UPDATE_TRIES} other writers committed first; nothing of this write is listed: "
-                         "run it again")
-    with locked(store, wait_s):
-        before = read_manifest(store)
-        manifest = _copy(before)
-        manifest.generation += 1
-        out = change(manifest)
-        retire(before, manifest)
-        write_manifest(store, manifest)
-        collect_garbage(store, manifest)
-        return out
-
-
-def _copy(manifest: Manifest) -> Manifest:
-    return _from_doc(json.loads(manifest.to_json()), "", "")
-
-
 def collect_garbage(store: Path, manifest: Manifest) -> None:
     """Remove files no manifest lists (left by an ingest that was killed) and old staging dirs."""
+    from .writers import WORK, retained, work_owner_alive
     kept = retained(manifest)  # unlisted by a recent commit: a reader may hold them
     live = {f for t in manifest.traces + manifest.sidecars for f in t["files"].values()} | kept
     summaries = summary_files(manifest) | kept
@@ -413,6 +342,8 @@ def open_store(store: str | os.PathLike, read_only_db: str | None = None, select
                             manifest.extra, [t for t in manifest.sidecars if select(t)])
     manifest = healthy(store, manifest)  # a damaged run is left out (one warning line)
     con = duckdb.connect(read_only_db or ":memory:")
+    if isinstance(store, Path) and _listed_bytes(store, manifest) <= ONE_THREAD_MAX_BYTES:
+        con.execute("SET threads = 1")  # this connection's own database: nothing global changes
     where = _readable(store, manifest, con)
     for name, table in S.TABLES.items():
         files = [where(f) for f in manifest.files(name)]
@@ -430,6 +361,19 @@ def open_store(store: str | os.PathLike, read_only_db: str | None = None, select
     con.execute(_COMMS_FR)
     _result_views(con, where, manifest)
     return con
+
+
+def _listed_bytes(store: Path, manifest: Manifest) -> int:
+    """Bytes of the tables' files the manifest lists (a missing one counts as big: no guess)."""
+    total = 0
+    for rel in (f for t in manifest.traces + manifest.sidecars for f in t["files"].values()):
+        try:
+            total += (store / rel).stat().st_size
+        except OSError:
+            return ONE_THREAD_MAX_BYTES + 1
+        if total > ONE_THREAD_MAX_BYTES:
+            break
+    return total
 
 
 def _readable(store: Path | Remote, manifest: Manifest, con):
@@ -493,23 +437,6 @@ def new_staging(store: Path | Remote) -> Path:
     staging = store / f".staging-{uuid.uuid4().hex}"
     staging.mkdir()
     return staging
-
-
-def new_work_folder(store: Path | Remote) -> Path:
-    """A fresh folder for files a process stages *without* the store lock (an analyze's per-rank
-    summaries), named after the process (``.work-<host>-<pid>-<id>``) so that garbage collection
-    leaves it alone while that process lives; a local temporary folder for a remote store."""
-    if isinstance(store, Remote):
-        return new_staging(store)
-    work = store / f"{WORK}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:12]}"
-    work.mkdir()
-    return work
-
-
-def work_owner_alive(work: Path) -> bool:
-    """Is the process that made work folder ``work`` (:func:`new_work_folder`) alive?"""
-    host, pid, _ = work.name[len(WORK):].rsplit("-", 2) if work.name.count("-") >= 3 else ("", "0", "")
-    return owner_alive(host or None, int(pid) if pid.isdigit() else 0)
 
 
 def put_table(store: Path | Remote, table: pa.Table, stem: str) -> str:
