@@ -134,6 +134,27 @@ def test_a_reader_keeps_the_summaries_another_process_replaces(pristine, lone, t
     assert check_store(store).ok, check_store(store).text()
 
 
+def test_an_analyze_waits_for_the_lock_another_writer_holds(pristine, lone, tmp_path):
+    """Another writer (this process) holds the store lock while an analyze maps: its commits wait
+    for the lock (they used to fail at once: 'another ingest is writing this store') and then
+    give the lone results."""
+    store = _copy(pristine, tmp_path)
+    go = tmp_path / "go"
+    go.touch()
+    with st.locked(store):
+        proc = _start(store, tmp_path / "waited.pkl", go)
+        deadline = time.monotonic() + 120
+        while not any(store.glob(f"{writers.WORK}*/run-*/*.parquet")) and time.monotonic() < deadline:
+            assert proc.poll() is None, proc.stderr.read()[-3000:]
+            time.sleep(0.01)
+        time.sleep(1.0)                       # its map is done by now: it waits for the lock
+        assert proc.poll() is None and st.read_manifest(store).extra.get("summaries") is None
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    _same(pickle.loads((tmp_path / "waited.pkl").read_bytes()), lone)
+    assert check_store(store).ok
+
+
 def test_an_analyze_killed_mid_map_leaves_the_store_readable(pristine, lone, tmp_path):
     """SIGKILL while the map stages its files: nothing is listed, the store opens and answers, check
     names only the dead process's work folder, and the next analyze is correct and cleans it up."""
