@@ -94,20 +94,26 @@ def test_second_analyze_reads_no_events(tmp_path_factory):
     assert {"stragglers", "phases", "overlap", "imbalance"} <= set(changed)
 
 
-def test_summaries_follow_the_parameters(tmp_path_factory):
-    """Other parameters, another key: computed again, the old files collected; the same ones: reused."""
+def test_summaries_follow_the_parameters(tmp_path_factory, monkeypatch):
+    """Other parameters, another key: computed again, the old files retired (kept for a reader
+    that listed them, then collected); the same ones: reused."""
     from traceanalyzer.analyses import summaries as sm
     from traceanalyzer.analyses.results import analyze, effective_params
+    from traceanalyzer.store import files as st
+    from traceanalyzer.store import writers
     store = ingest_runs(tmp_path_factory, "summaries_params", ("ddp_gloo_2rank",), workers=1)
     analyze(store)
     files = sorted(p.relative_to(store) for p in (store / sm.FOLDER).rglob("*.parquet"))
     assert files and any("rank=0-1" in str(f) for f in files)   # both (small) ranks in one map task
     assert sm.ensure(store, ["ddp_gloo_2rank"], effective_params({})) == []  # current: nothing to do
     analyze(store, exposed_top=3)
-    again = sorted(p.relative_to(store) for p in (store / sm.FOLDER).rglob("*.parquet"))
-    assert len(again) == len(files) and not set(again) & set(files)
+    listed = st.summary_files(st.read_manifest(store))
+    assert len(listed) == len(files) and not listed & {str(f) for f in files}
+    assert set(json.loads((store / "_store.json").read_text())["retired"]) >= {str(f) for f in files}
+    assert all((store / f).exists() for f in files)        # retired, not deleted: a reader may hold them
     assert sm.current(store, ["ddp_gloo_2rank"], effective_params({"exposed_top": 3})) == ["ddp_gloo_2rank"]
     assert sm.current(store, ["ddp_gloo_2rank"], effective_params({})) == []
+    monkeypatch.setattr(writers, "RETIRED_KEEP_S", 0)          # the keep time is over
     sm.forget(store)
     assert not list((store / sm.FOLDER).rglob("*.parquet"))
     assert "ddp_gloo_2rank" not in json.loads((store / "_store.json").read_text()).get("summaries", {})
@@ -156,7 +162,9 @@ def test_a_damaged_summary_is_computed_again(tmp_path_factory):
     # the rows in another order from one analyze to the next
     for k in first:
         pd.testing.assert_frame_equal(first[k], second[k], check_exact=False, rtol=1e-9, obj=k)
-    assert not victim.exists()  # replaced by a new generation's file, the old one collected
+    rel = entry["files"]["step_phases"][0]   # replaced by a new generation's file, the old one retired
+    manifest = json.loads((store / "_store.json").read_text())
+    assert rel not in manifest["summaries"]["ddp_gloo_2rank"]["files"]["step_phases"] and rel in manifest["retired"]
 
 
 def test_map_tasks_take_chunks_of_ranks(tmp_path_factory, monkeypatch):

@@ -215,6 +215,10 @@ def bind(con, names) -> list[str]:
             m = _VIEW_RE.match(statement.query)
             if m and m.group(1) in given:
                 continue  # provided (or only read by provided views): read, not computed
+            table, made = _AS_TABLE_RE.subn(r"CREATE OR REPLACE TEMP TABLE \1 AS", statement.query, count=1)
+            if m and made:  # made as a table at once: one bind and one run (a view first is one bind more)
+                con.execute(table)
+                continue
             con.execute(statement)
             if m:
                 _materialise(con, m.group(1))
@@ -223,6 +227,7 @@ def bind(con, names) -> list[str]:
 
 
 _VIEW_RE = re.compile(r"\s*(?:--[^\n]*\n\s*)*CREATE OR REPLACE TEMP VIEW\s+(\w+)")
+_AS_TABLE_RE = re.compile(r"CREATE OR REPLACE TEMP VIEW\s+(\w+)\s+AS\b")
 
 
 def _materialise(con, view: str) -> None:

@@ -18,6 +18,7 @@ from .. import __version__
 from .. import schema as S
 from ..errors import TraceAnalyzerError
 from ..store import files as st
+from ..store import writers
 from ..store.runs import resolve_run, store_runs
 from . import PARAMETERS, prepare
 from . import registry as R
@@ -97,13 +98,13 @@ def save(store: str | os.PathLike, results: dict[str, pd.DataFrame], params: dic
         from ..errors import StoreWarning
         warnings.warn(StoreWarning(f"{store}: the store is read-only: results not saved in it"), stacklevel=3)
         return
-    with st.locked(store):
-        manifest = st.read_manifest(store)
-        manifest.generation += 1
+    tables = {name: pa.Table.from_pandas(df, schema=S.RESULTS[name].arrow_schema, preserve_index=False)
+              for name, df in results.items()}
+
+    def change(manifest):  # the replaced files are retired, not deleted: a reader may hold them
         gen = manifest.generation
         saved = manifest.extra.setdefault("results", {})
-        for name, df in results.items():
-            table = pa.Table.from_pandas(df, schema=S.RESULTS[name].arrow_schema, preserve_index=False)
+        for name, table in tables.items():
             entry = saved.setdefault(name, {"files": {}})
             for run in runs:
                 rel = st.put_table(store, table.filter(pa.compute.equal(table["run"], run)),
@@ -111,8 +112,7 @@ def save(store: str | os.PathLike, results: dict[str, pd.DataFrame], params: dic
                 entry["files"][run] = rel
             entry.update(version=S.RESULTS_VERSION, params=params,
                          created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
-        st.write_manifest(store, manifest)
-        st.collect_garbage(store, manifest)
+    writers.update(store, change)  # waits for another analyze's commit (store lock; remote: done again)
 
 
 def analyze(store: str | os.PathLike, run: str | None = None, only: list[str] | None = None,

@@ -28,10 +28,12 @@ import json
 import os
 import re
 import shutil
+import uuid
 from pathlib import Path
 
 from .. import __version__
 from ..store import files as st
+from ..store import writers
 from . import modules as M
 
 #: bump when the layout of the saved summaries changes (part of the key)
@@ -212,15 +214,20 @@ def map_task(store: str, run: str, ranks: list[int], params: dict, align: dict, 
 
 # -- the driver -----------------------------------------------------------------------------------
 
-def current(store, runs: list[str], params: dict) -> list[str]:
-    """The runs among ``runs`` whose saved summaries match their data, parameters and code (and,
-    in a local store, whose files are whole: a damaged one is computed again, not read)."""
-    from ..store.check import file_problem
+def current(store, runs: list[str], params: dict, manifest=None) -> list[str]:
+    """The runs among ``runs`` whose saved summaries (in ``manifest``, default: the store's now)
+    match their data, parameters and code (and, in a local store, whose files are whole: a damaged
+    one is computed again, not read)."""
     loc = st.location(store)
-    manifest = st.read_manifest(loc)
+    manifest = st.read_manifest(loc) if manifest is None else manifest
     saved = manifest.extra.get(ENTRY, {})
-    return [r for r in runs if saved.get(r, {}).get("key") == key(manifest, r, params)
-            and not (isinstance(loc, Path) and any(file_problem(loc / f) for fs in saved[r]["files"].values() for f in fs))]
+    return [r for r in runs if saved.get(r, {}).get("key") == key(manifest, r, params) and _whole(loc, saved[r])]
+
+
+def _whole(loc, entry: dict) -> bool:
+    """Are a run's saved summary files whole (local store: their footers; remote: written whole)?"""
+    from ..store.check import file_problem
+    return not (isinstance(loc, Path) and any(file_problem(loc / f) for fs in entry["files"].values() for f in fs))
 
 
 def ensure(store, runs: list[str], params: dict, dask=None, n_workers: int = 1, progress=None) -> list[str]:
@@ -235,7 +242,7 @@ def ensure(store, runs: list[str], params: dict, dask=None, n_workers: int = 1, 
     manifest = st.read_manifest(loc)
     where = str(loc.resolve()) if isinstance(loc, Path) else str(store)  # a cluster's workers: absolute paths
     views = saved_views()
-    staging = Path(st.new_staging(loc)).resolve()
+    staging = Path(writers.new_work_folder(loc)).resolve()  # no lock held: left alone while this process lives
     try:
         made = {}
         for run in todo:
@@ -260,15 +267,11 @@ def ensure(store, runs: list[str], params: dict, dask=None, n_workers: int = 1, 
 
 def forget(store, runs: list[str] | None = None) -> None:
     """Drop the saved summaries of ``runs`` (default: all) from the store (their files are collected)."""
-    loc = st.location(store)
-    with st.locked(loc):
-        manifest = st.read_manifest(loc)
+    def drop(manifest):
         saved = manifest.extra.get(ENTRY, {})
         for run in list(saved) if runs is None else runs:
             saved.pop(run, None)
-        manifest.generation += 1
-        st.write_manifest(loc, manifest)
-        st.collect_garbage(loc, manifest)
+    writers.update(st.location(store), drop)  # their files are retired: a reader may still hold them
 
 
 def _place(loc, path: str, rel_dir: str, part: str) -> str:
@@ -281,27 +284,42 @@ def _place(loc, path: str, rel_dir: str, part: str) -> str:
     return place(loc, {"f": path}, {"f": rel_dir}, part)["f"]
 
 
+def _entry(loc, run: str, run_key: str, align: dict, per_rank: dict, part: str) -> dict:
+    """Move (upload) a run's staged summary files into place; returns its manifest entry."""
+    files: dict[str, list[str]] = {}
+    types: dict[str, list] = {}
+    for view, (path, t) in align.items():
+        files[view] = [_place(loc, path, f"{FOLDER}/{view}/run={run}/rank=all", part)]
+        types[view] = t
+    for first in sorted(per_rank):
+        label, views = per_rank[first]
+        for view, (path, t) in views.items():
+            files.setdefault(view, []).append(_place(loc, path, f"{FOLDER}/{view}/run={run}/rank={label}", part))
+            types[view] = t
+    return {"key": run_key, "format": FORMAT, "types": types, "files": files}
+
+
 def _commit(loc, made: dict) -> None:
-    with st.locked(loc):
-        manifest = st.read_manifest(loc)
-        manifest.generation += 1
-        part = str(manifest.generation)
+    """List the runs' new summaries in one commit (docs/concurrency.md). A run whose current
+    summaries another analyze saved meanwhile under the same key keeps those (these are dropped
+    with the work folder); the files of a replaced entry are retired, not deleted, since a reader
+    may hold them. Local: moved into place under the lock; remote: uploaded first under new names
+    (the commit may be done again on a newer manifest)."""
+    remote = not isinstance(loc, Path)
+    if remote:
+        ahead = st.read_manifest(loc).extra.get(ENTRY, {})
+        made = {r: m for r, m in made.items() if ahead.get(r, {}).get("key") != m[0]}
+        uploaded = {run: _entry(loc, run, *m, part=uuid.uuid4().hex[:8]) for run, m in made.items()}
+
+    def change(manifest):
         saved = manifest.extra.setdefault(ENTRY, {})
         for run, (run_key, align, per_rank) in made.items():
             # a run re-ingested meanwhile keeps this (old) key: readers see it is not current
-            files: dict[str, list[str]] = {}
-            types: dict[str, list] = {}
-            for view, (path, t) in align.items():
-                files[view] = [_place(loc, path, f"{FOLDER}/{view}/run={run}/rank=all", part)]
-                types[view] = t
-            for first in sorted(per_rank):
-                label, views = per_rank[first]
-                for view, (path, t) in views.items():
-                    files.setdefault(view, []).append(_place(loc, path, f"{FOLDER}/{view}/run={run}/rank={label}", part))
-                    types[view] = t
-            saved[run] = {"key": run_key, "format": FORMAT, "types": types, "files": files}
-        st.write_manifest(loc, manifest)
-        st.collect_garbage(loc, manifest)
+            if saved.get(run, {}).get("key") == run_key and _whole(loc, saved[run]):
+                continue  # another analyze was first with the same summaries
+            saved[run] = uploaded[run] if remote else _entry(loc, run, run_key, align, per_rank, str(manifest.generation))
+    if made:
+        writers.update(loc, change)
 
 
 def attach(con, store, runs: list[str], params: dict) -> list[str]:
@@ -309,9 +327,9 @@ def attach(con, store, runs: list[str], params: dict) -> list[str]:
     views they hold (after ``prepare`` set ``params``): the cross-rank modules bound afterwards
     read them. Only when every run's summaries are current; returns the views provided."""
     loc = st.location(store)
-    manifest = st.read_manifest(loc)
+    manifest = st.read_manifest(loc)  # read once: the files it lists stay RETIRED_KEEP_S at least
     saved = manifest.extra.get(ENTRY, {})
-    if not runs or set(current(store, runs, params)) != set(runs):
+    if not runs or set(current(store, runs, params, manifest)) != set(runs):
         return []
     from . import prepare
     prepare(con, modules=[], **params)

@@ -4,7 +4,8 @@ The report never recomputes an analysis it can read: ``traceanalyzer analyze`` s
 table (``result_<name>`` views); a run whose results are missing, or were saved by another
 ``RESULTS_VERSION``, is analysed first (and saved, so the next report is fast). Only the
 pipeline timeline figure needs intervals no result table keeps (when each stage sat idle): those
-come from the analyses' ``pipeline_idle`` view, for pipeline runs only.
+come from the analyses' ``pipeline_idle`` view, for pipeline runs only, computed from the run's
+saved per-rank summaries when ``analyze`` saved them (no events read).
 """
 from __future__ import annotations
 
@@ -106,15 +107,49 @@ def load_run(con, store: str | os.PathLike, run: str, with_intervals: bool = Tru
     from .work import same_work
     data.same_work = same_work(con, run, results)
     if not data.r("pipeline_shape").empty:
-        data.pipeline_idle = pipeline_idle(con, run, data.params) if with_intervals else None
+        data.pipeline_idle = pipeline_idle(con, run, data.params, store) if with_intervals else None
     return data
 
 
-def pipeline_idle(con, run: str, params: dict) -> pd.DataFrame:
-    """When each pipeline stage sat idle and why (warm-up, cool-down, stall on a peer, other)."""
+def pipeline_idle(con, run: str, params: dict, store=None) -> pd.DataFrame:
+    """When each pipeline stage sat idle and why (warm-up, cool-down, stall on a peer, other):
+    from the run's saved per-rank summaries and results when they are current (:func:`_over_saved`,
+    no events read), else computed on ``con``."""
     from ..analyses import PARAMETERS, prepare
-    prepare(con, views=["pipeline_idle"], **{k: v for k, v in params.items() if k in PARAMETERS})
-    return con.execute("SELECT * FROM pipeline_idle WHERE run = $run ORDER BY rank, step, lo_ns", {"run": run}).df()
+    p = {k: v for k, v in params.items() if k in PARAMETERS}
+    own = _over_saved(store, run, p) if store is not None else None
+    use = own or con
+    try:
+        prepare(use, views=["pipeline_idle"], **p)
+        return use.execute("SELECT * FROM pipeline_idle WHERE run = $run ORDER BY rank, step, lo_ns", {"run": run}).df()
+    finally:
+        if own is not None:
+            own.close()
+
+
+def _over_saved(store, run: str, params: dict):
+    """A connection of its own (its bound views hold this run only) whose rank views are the run's
+    saved summaries and whose ``pipeline_shape`` is the saved result: ``pipeline_idle`` is then
+    computed from compact per-rank tables and ``comms``, without reading events (a second report of
+    a large pipeline run). None when the summaries are not current (never analysed, other params)."""
+    from ..analyses import connect
+    from ..analyses import modules as M
+    from ..analyses import summaries as sm
+    from ..analyses.results import effective_params
+    p = effective_params(params)
+    if sm.current(store, [run], p) != [run]:
+        return None
+    con = connect(store)
+    try:
+        if not sm.attach(con, store, [run], p) or not con.execute(
+                "SELECT count(*) FROM result_pipeline_shape WHERE run = $run", {"run": run}).fetchone()[0]:
+            con.close()
+            return None
+        M.provide(con, "pipeline_shape", f"SELECT * FROM result_pipeline_shape WHERE run = '{run.replace(chr(39), chr(39) * 2)}'")
+    except BaseException:
+        con.close()
+        raise
+    return con
 
 
 def open_runs(store: str | os.PathLike, run: str | None, progress=None, dask=None):

@@ -22,6 +22,7 @@ from pathlib import Path
 from .. import schema as S
 from ..errors import StoreError, StoreWarning
 from . import files as st
+from . import writers
 from .runs import no_run_message
 
 _PARQUET_MAGIC = b"PAR1"
@@ -185,7 +186,7 @@ def _inspect(store: Path, manifest: st.Manifest) -> CheckReport:
                 report.bad_results.append(rel)
     live = {f for t in manifest.traces + manifest.sidecars for f in t.get("files", {}).values()}
     live |= {f for r in manifest.extra.get("results", {}).values() for f in r.get("files", {}).values()}
-    live |= st.summary_files(manifest)
+    live |= st.summary_files(manifest) | writers.retained(manifest)  # retired: a reader may still hold them
     if not isinstance(store, Path):  # old unlisted objects; no lock, no staging on a remote store
         from .remote import unlisted
         report.junk = unlisted(store, live)
@@ -196,7 +197,8 @@ def _inspect(store: Path, manifest: st.Manifest) -> CheckReport:
             report.junk += sorted(p.relative_to(store).as_posix() for p in root.rglob("*.parquet")
                                   if p.relative_to(store).as_posix() not in live)
     report.junk += sorted(p.name for p in store.iterdir()
-                          if p.name.startswith((f".{st.MANIFEST}.", ".staging-", ".write-test-")))
+                          if p.name.startswith((f".{st.MANIFEST}.", ".staging-", ".write-test-"))
+                          or p.name.startswith(writers.WORK) and not writers.work_owner_alive(p))
     lock = store / st.LOCK
     if lock.exists():
         report.stale_lock = not st.owner_alive(*st.lock_owner(lock))

@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import socket
+import time
 import uuid
 import weakref
 from contextlib import contextmanager
@@ -38,6 +39,11 @@ from .location import location as _location
 MANIFEST = "_store.json"
 LOCK = "_store.lock"
 FORMAT = "traceanalyzer-store"
+#: A local store whose listed table files total at most this many bytes (a few 4-rank runs of some
+#: 10 k events) is queried on one DuckDB thread: its queries are planning and fixed costs, which a
+#: second thread does not share but pays for in scheduling (0.15 CPU s of an ``analyze``'s ~1 s of
+#: SQL on the shipped 4-rank pipeline run, benchmarks/small_runs.py).
+ONE_THREAD_MAX_BYTES = 8 << 20
 
 _DUCK_TYPES = {"int64": "BIGINT", "int32": "INTEGER", "string": "VARCHAR", "bool": "BOOLEAN",
                "double": "DOUBLE", "list<item: int32>": "INTEGER[]"}
@@ -168,14 +174,16 @@ def check_writable(store: Path | Remote) -> None:
 
 
 @contextmanager
-def locked(store: Path):
-    """Exclusive write access to the store; a lock left by a dead process is taken over. A remote
-    store has no lock: its commit is a conditional create (:mod:`.remote`)."""
+def locked(store: Path, wait_s: float = 0):
+    """Exclusive write access to the store; a lock left by a dead process is taken over, one a
+    live process holds is waited for up to ``wait_s`` seconds. A remote store has no lock: its
+    commit is a conditional create (:mod:`.remote`)."""
     if isinstance(store, Remote):
         yield
         return
     lock = store / LOCK
-    for _ in range(2):
+    deadline, pause, stale = time.monotonic() + wait_s, 0.02, 0
+    while True:
         try:
             fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
             break
@@ -183,13 +191,19 @@ def locked(store: Path):
             if not isinstance(exc, FileExistsError):
                 raise StoreError(f"{store}: cannot take the store lock {lock} ({exc.strerror or exc})") from None
             host, pid = lock_owner(lock)
+            if not pid and stale < 50:  # being written this instant, or left empty by a full disk
+                stale += 1
+                time.sleep(0.01)
+                continue
             if owner_alive(host, pid):
+                if time.monotonic() < deadline:
+                    time.sleep(pause)
+                    pause = min(0.5, pause * 1.5)
+                    continue
                 on = f" on {host}" if host and host != socket.gethostname() else ""
                 raise StoreError(f"{store}: another ingest (pid {pid}{on}) is writing this store; wait for it, "
                                  f"or remove {lock} if that process is gone") from None
             lock.unlink(missing_ok=True)
-    else:
-        raise StoreError(f"{store}: cannot take the store lock {lock}")
     try:
         try:
             os.write(fd, f"{socket.gethostname()}:{os.getpid()}".encode())
@@ -260,8 +274,10 @@ def summary_files(manifest: Manifest) -> set[str]:
 
 def collect_garbage(store: Path, manifest: Manifest) -> None:
     """Remove files no manifest lists (left by an ingest that was killed) and old staging dirs."""
-    live = {f for t in manifest.traces + manifest.sidecars for f in t["files"].values()}
-    summaries = summary_files(manifest)
+    from .writers import WORK, retained, work_owner_alive
+    kept = retained(manifest)  # unlisted by a recent commit: a reader may hold them
+    live = {f for t in manifest.traces + manifest.sidecars for f in t["files"].values()} | kept
+    summaries = summary_files(manifest) | kept
     if isinstance(store, Remote):
         from .remote import collect_garbage as collect
         collect(store, live | summaries
@@ -279,7 +295,7 @@ def collect_garbage(store: Path, manifest: Manifest) -> None:
                 d.rmdir()
             except OSError:
                 pass
-    results = {f for r in manifest.extra.get("results", {}).values() for f in r.get("files", {}).values()}
+    results = {f for r in manifest.extra.get("results", {}).values() for f in r.get("files", {}).values()} | kept
     for path in (store / "_results").rglob("*.parquet") if (store / "_results").exists() else ():
         if path.relative_to(store).as_posix() not in results:
             path.unlink(missing_ok=True)
@@ -288,6 +304,9 @@ def collect_garbage(store: Path, manifest: Manifest) -> None:
             path.unlink(missing_ok=True)
     for staging in store.glob(".staging-*"):  # we hold the lock: no other ingest is staging
         shutil.rmtree(staging, ignore_errors=True)
+    for work in store.glob(f"{WORK}*"):  # staged without the lock: only once its process is gone
+        if not work_owner_alive(work):
+            shutil.rmtree(work, ignore_errors=True)
     for tmp in [*store.glob(f".{MANIFEST}.*.tmp"), *store.glob(".write-test-*")]:  # left by a killed writer
         tmp.unlink(missing_ok=True)
 
@@ -323,6 +342,8 @@ def open_store(store: str | os.PathLike, read_only_db: str | None = None, select
                             manifest.extra, [t for t in manifest.sidecars if select(t)])
     manifest = healthy(store, manifest)  # a damaged run is left out (one warning line)
     con = duckdb.connect(read_only_db or ":memory:")
+    if isinstance(store, Path) and _listed_bytes(store, manifest) <= ONE_THREAD_MAX_BYTES:
+        con.execute("SET threads = 1")  # this connection's own database: nothing global changes
     where = _readable(store, manifest, con)
     for name, table in S.TABLES.items():
         files = [where(f) for f in manifest.files(name)]
@@ -340,6 +361,19 @@ def open_store(store: str | os.PathLike, read_only_db: str | None = None, select
     con.execute(_COMMS_FR)
     _result_views(con, where, manifest)
     return con
+
+
+def _listed_bytes(store: Path, manifest: Manifest) -> int:
+    """Bytes of the tables' files the manifest lists (a missing one counts as big: no guess)."""
+    total = 0
+    for rel in (f for t in manifest.traces + manifest.sidecars for f in t["files"].values()):
+        try:
+            total += (store / rel).stat().st_size
+        except OSError:
+            return ONE_THREAD_MAX_BYTES + 1
+        if total > ONE_THREAD_MAX_BYTES:
+            break
+    return total
 
 
 def _readable(store: Path | Remote, manifest: Manifest, con):

@@ -75,10 +75,14 @@ def read_doc(remote: Remote) -> dict | None:
     return None
 
 
+def commit(remote: Remote, manifest) -> bool:
+    """Create generation ``manifest.generation``, only if no writer created it first; False if one did."""
+    return remote.create(manifest_name(manifest.generation), manifest.to_json().encode())
+
+
 def write_manifest(remote: Remote, manifest) -> None:
     """The commit: create generation ``manifest.generation``, only if no writer created it first."""
-    rel = manifest_name(manifest.generation)
-    if not remote.create(rel, manifest.to_json().encode()):
+    if not commit(remote, manifest):
         raise StoreError(f"{remote.url}: another writer committed generation {manifest.generation} first; "
                          "nothing of this write is listed: run it again")
 
