@@ -134,9 +134,11 @@ def measured_step_ns(store: Path, run: str) -> float:
         con.close()
 
 
-def analyse(cache: Path, name: str, run_dir: Path, culprit_ranks: list[int] | None, full: bool) -> dict:
+def analyse(cache: Path, name: str, run_dir: Path, truth, full: bool) -> dict:
     """Ingest, report (JSON document) and replay one run; cached in CACHE/reports/NAME.json.
-    Not ``full`` (repeats of a clean run): the measured step only (the spread)."""
+    Not ``full`` (repeats of a clean run): the measured step only (the spread). The what-if of a
+    fault (``truth``): idealise the culprit ranks; for a run without overlap, the DDP step model
+    with overlap on (the fix the ground truth names)."""
     from traceanalyzer import ingest, replay, report
     from traceanalyzer.errors import TraceInputError
     out_path = cache / "reports" / f"{name}.json"
@@ -152,7 +154,13 @@ def analyse(cache: Path, name: str, run_dir: Path, culprit_ranks: list[int] | No
            "ground_truth": json.loads((run_dir / "manifest.json").read_text()).get("ground_truth", {})}
     if full:
         doc["report"] = report.report_dict(report.build_report(store, run=name, figures=False))["runs"][0]
-    if full and culprit_ranks:
+    culprit_ranks = truth.ranks if truth else None
+    if full and truth and truth.kind == "no_overlap":
+        from traceanalyzer.replay import ddp
+        w = ddp.predict(store, run=name, overlap=True)
+        doc["whatif"] = {"plan": "ddp overlap", "identity_step_ns": w.job_step_ns("identity_ns"),
+                         "predicted_step_ns": w.job_step_ns(), "identity_error": w.identity_error}
+    elif full and culprit_ranks:
         g = replay.build_graph(store, run=name)
         w = replay.what_if(g, {"actions": [{"action": "idealize", "ranks": culprit_ranks}]})
         doc["whatif"] = {"ranks": culprit_ranks, "identity_step_ns": w.job_step_ns("identity_ns"),
@@ -256,7 +264,7 @@ def main(argv=None) -> int:
             continue
         gt = json.loads((run_dirs[name] / "manifest.json").read_text()).get("ground_truth", {})
         truth = sc.truth(gt)
-        docs[name] = analyse(cache, name, run_dirs[name], truth.ranks if truth else None, full=name == case.name)
+        docs[name] = analyse(cache, name, run_dirs[name], truth, full=name == case.name)
     shipped = Path(__file__).resolve().parents[1] / "traces"
     run_dirs.update({r: shipped / r for pair in SHIPPED_STRUCTURAL for r in (pair[0], pair[2])})
     plans = structural(cache, [s for s in STRUCTURAL + SHIPPED_STRUCTURAL if s[0] in run_dirs], run_dirs)
