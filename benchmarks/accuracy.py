@@ -66,6 +66,8 @@ CASES = [
     Case("pp_gpipe4_stage1", 4, PP + ["--schedule", "gpipe", "--slow-stage", "1", "--slow-ms", "10"], "pp_gpipe4"),
     Case("pp_gpipe4_rank2", 4, PP + ["--schedule", "gpipe", "--slow-rank", "2", "--slow-ms", "10"], "pp_gpipe4"),
     Case("pp_int4", 4, PP + ["--schedule", "interleaved1f1b", "--stages-per-rank", "2"]),
+    # the same 8 layers as pp_int4 in 4 stages of 2: the 1F1B run its Interleaved1F1B plan re-cuts
+    Case("pp_1f1b4_l2", 4, PP + ["--schedule", "1f1b", "--layers-per-stage", "2"]),
     Case("pp_int4_stage5", 4, PP + ["--schedule", "interleaved1f1b", "--stages-per-rank", "2", "--slow-stage", "5",
                                     "--slow-ms", "10"], "pp_int4"),
     Case("pp_int4_rank1", 4, PP + ["--schedule", "interleaved1f1b", "--stages-per-rank", "2", "--slow-rank", "1",
@@ -84,7 +86,8 @@ NOT_CLEAN = {"seqlen4_jitter"}
 STRUCTURAL = [
     ("pp_1f1b4", {"action": "pipeline", "schedule": "gpipe", "microbatches": 8}, "pp_gpipe4"),
     ("pp_gpipe4", {"action": "pipeline", "schedule": "1f1b", "microbatches": 8}, "pp_1f1b4"),
-    ("pp_1f1b4", {"action": "pipeline", "schedule": "interleaved1f1b", "microbatches": 8, "stages_per_rank": 2},
+    # the re-run must hold the same model: pp_int4 has 8 layers (8 stages of 1), pp_1f1b4 only 4
+    ("pp_1f1b4_l2", {"action": "pipeline", "schedule": "interleaved1f1b", "microbatches": 8, "stages_per_rank": 2},
      "pp_int4"),
 ]
 #: Shipped pairs (traces/): (run, plan, run).
@@ -151,7 +154,7 @@ def analyse(cache: Path, name: str, run_dir: Path, truth, full: bool) -> dict:
     except TraceInputError:   # already in the store (an interrupted pass)
         pass
     doc = {"run": name, "measured_step_ns": measured_step_ns(store, name),
-           "ground_truth": json.loads((run_dir / "manifest.json").read_text()).get("ground_truth", {})}
+           "ground_truth": _ground_truth(run_dir)}
     if full:
         doc["report"] = report.report_dict(report.build_report(store, run=name, figures=False))["runs"][0]
     culprit_ranks = truth.ranks if truth else None
@@ -197,6 +200,13 @@ def peer_compute(cache: Path, docs: dict, twins: dict) -> str:
     return "\n".join(rows) + "\n"
 
 
+def _ground_truth(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "manifest.json").read_text()).get("ground_truth") or {}
+    except (OSError, ValueError):
+        return {}
+
+
 def structural(cache: Path, pairs, run_dirs: dict) -> list[dict]:
     """Each structural plan's predicted job step against the measured step of the real re-run."""
     from traceanalyzer import ingest, replay
@@ -211,6 +221,11 @@ def structural(cache: Path, pairs, run_dirs: dict) -> list[dict]:
                 ingest([run_dirs[r]], store, run=r)
             except TraceInputError:   # already in the store
                 pass
+        layers = [sum(_ground_truth(run_dirs[r]).get("layers_per_stage") or []) for r in (run, target)]
+        if layers[0] != layers[1]:   # a re-run of another model is no ground truth for the plan
+            out.append({"run": run, "plan": action, "target": target,
+                        "error": f"not the same model: {layers[0]} vs {layers[1]} layers"})
+            continue
         try:
             pred = replay.run_plan(store, {"actions": [action]}, run=run).job_step_ns()
             meas = measured_step_ns(store, target)
