@@ -382,3 +382,12 @@ def test_pp_x_dp_report_shows_every_pipeline(tmp_path, run_cli):
     assert code == 0, err
     shape = json.loads((tmp_path / "r.json").read_text())["runs"][0]["shape"]["pipeline"]
     assert shape["pipelines"] == {"0": {"0": 0, "1": 1}, "2": {"0": 2, "1": 3}}
+
+
+def test_what_ifs_of_ranks_sharing_a_cpu_host_carry_a_caveat(doc):
+    """A CPU-only run with several ranks on one host: its what-ifs keep every rank's recorded
+    durations, while the ranks share cores (caveats.shared_host_caveat); said where a what-if is
+    shown, not on a clean run that has none."""
+    slow = [c for c in doc["ddp_gloo_4rank_slow2"]["caveats"] if c.startswith("Ranks share a host's CPUs")]
+    assert len(slow) == 1 and "4 on " in slow[0]
+    assert not any(c.startswith("Ranks share") for c in doc["ddp_gloo_2rank"]["caveats"])
