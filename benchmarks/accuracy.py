@@ -181,11 +181,15 @@ def peer_compute(cache: Path, docs: dict, twins: dict) -> str:
     steps of temporal_breakdown.compute_ns, mean over ranks) of the ranks that are NOT the culprit,
     against the same ranks in the clean twin. The replay keeps those ranks' recorded durations, so
     a ratio far from 1 (ranks sharing cores compute faster while the culprit sleeps) is an error of
-    the what-if that no graph can remove."""
+    the what-if that no graph can remove. The workloads pin rank r to core r mod cores (one host:
+    local rank = rank; ``cores`` those of this machine, where the corpus is recorded): the culprit's
+    core-mates are shown apart, as they get its core while it sleeps."""
     import duckdb
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     files = str(cache / "store" / "_results" / "temporal_breakdown" / "*.parquet")   # one file per analysed run
     per = duckdb.sql(f"SELECT run, rank, median(compute_ns) AS c FROM read_parquet('{files}') GROUP BY run, rank").df()
-    rows = ["| fault run | peers' compute per step, fault / twin ms | ratio |", "|---|---|---|"]
+    rows = [f"| fault run | peers' compute per step, fault / twin ms | ratio | the culprit's core-mates (rank mod {cores}) "
+            f"| the other peers |", "|---|---|---|---|---|"]
     for name, twin in twins.items():
         doc = docs.get(name)
         if not twin or not doc or twin not in docs:
@@ -196,7 +200,12 @@ def peer_compute(cache: Path, docs: dict, twins: dict) -> str:
         c = per[(per["run"] == twin) & per["rank"].isin(f.index)].set_index("rank")["c"]
         if f.empty or c.empty:
             continue
-        rows.append(f"| {name} | {f.mean() / 1e6:.1f} / {c.mean() / 1e6:.1f} | {f.mean() / c.mean():.2f} |")
+        mates = f.index.isin([r for r in f.index if any(r % cores == k % cores for k in culprits)])
+
+        def ratio(sel):
+            return f"{f[sel].mean() / c.reindex(f.index[sel]).mean():.2f}" if sel.any() else "-"
+        rows.append(f"| {name} | {f.mean() / 1e6:.1f} / {c.mean() / 1e6:.1f} | {f.mean() / c.mean():.2f} "
+                    f"| {ratio(mates)} | {ratio(~mates)} |")
     return "\n".join(rows) + "\n"
 
 
