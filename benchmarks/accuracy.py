@@ -66,6 +66,8 @@ CASES = [
     Case("pp_gpipe4_stage1", 4, PP + ["--schedule", "gpipe", "--slow-stage", "1", "--slow-ms", "10"], "pp_gpipe4"),
     Case("pp_gpipe4_rank2", 4, PP + ["--schedule", "gpipe", "--slow-rank", "2", "--slow-ms", "10"], "pp_gpipe4"),
     Case("pp_int4", 4, PP + ["--schedule", "interleaved1f1b", "--stages-per-rank", "2"]),
+    # the same 8 layers as pp_int4 in 4 stages of 2: the 1F1B run its Interleaved1F1B plan re-cuts
+    Case("pp_1f1b4_l2", 4, PP + ["--schedule", "1f1b", "--layers-per-stage", "2"]),
     Case("pp_int4_stage5", 4, PP + ["--schedule", "interleaved1f1b", "--stages-per-rank", "2", "--slow-stage", "5",
                                     "--slow-ms", "10"], "pp_int4"),
     Case("pp_int4_rank1", 4, PP + ["--schedule", "interleaved1f1b", "--stages-per-rank", "2", "--slow-rank", "1",
@@ -84,7 +86,8 @@ NOT_CLEAN = {"seqlen4_jitter"}
 STRUCTURAL = [
     ("pp_1f1b4", {"action": "pipeline", "schedule": "gpipe", "microbatches": 8}, "pp_gpipe4"),
     ("pp_gpipe4", {"action": "pipeline", "schedule": "1f1b", "microbatches": 8}, "pp_1f1b4"),
-    ("pp_1f1b4", {"action": "pipeline", "schedule": "interleaved1f1b", "microbatches": 8, "stages_per_rank": 2},
+    # the re-run must hold the same model: pp_int4 has 8 layers (8 stages of 1), pp_1f1b4 only 4
+    ("pp_1f1b4_l2", {"action": "pipeline", "schedule": "interleaved1f1b", "microbatches": 8, "stages_per_rank": 2},
      "pp_int4"),
 ]
 #: Shipped pairs (traces/): (run, plan, run).
@@ -134,9 +137,11 @@ def measured_step_ns(store: Path, run: str) -> float:
         con.close()
 
 
-def analyse(cache: Path, name: str, run_dir: Path, culprit_ranks: list[int] | None, full: bool) -> dict:
+def analyse(cache: Path, name: str, run_dir: Path, truth, full: bool) -> dict:
     """Ingest, report (JSON document) and replay one run; cached in CACHE/reports/NAME.json.
-    Not ``full`` (repeats of a clean run): the measured step only (the spread)."""
+    Not ``full`` (repeats of a clean run): the measured step only (the spread). The what-if of a
+    fault (``truth``): idealise the culprit ranks; for a run without overlap, the DDP step model
+    with overlap on (the fix the ground truth names)."""
     from traceanalyzer import ingest, replay, report
     from traceanalyzer.errors import TraceInputError
     out_path = cache / "reports" / f"{name}.json"
@@ -149,10 +154,16 @@ def analyse(cache: Path, name: str, run_dir: Path, culprit_ranks: list[int] | No
     except TraceInputError:   # already in the store (an interrupted pass)
         pass
     doc = {"run": name, "measured_step_ns": measured_step_ns(store, name),
-           "ground_truth": json.loads((run_dir / "manifest.json").read_text()).get("ground_truth", {})}
+           "ground_truth": _ground_truth(run_dir)}
     if full:
         doc["report"] = report.report_dict(report.build_report(store, run=name, figures=False))["runs"][0]
-    if full and culprit_ranks:
+    culprit_ranks = truth.ranks if truth else None
+    if full and truth and truth.kind == "no_overlap":
+        from traceanalyzer.replay import ddp
+        w = ddp.predict(store, run=name, overlap=True)
+        doc["whatif"] = {"plan": "ddp overlap", "identity_step_ns": w.job_step_ns("identity_ns"),
+                         "predicted_step_ns": w.job_step_ns(), "identity_error": w.identity_error}
+    elif full and culprit_ranks:
         g = replay.build_graph(store, run=name)
         w = replay.what_if(g, {"actions": [{"action": "idealize", "ranks": culprit_ranks}]})
         doc["whatif"] = {"ranks": culprit_ranks, "identity_step_ns": w.job_step_ns("identity_ns"),
@@ -170,11 +181,15 @@ def peer_compute(cache: Path, docs: dict, twins: dict) -> str:
     steps of temporal_breakdown.compute_ns, mean over ranks) of the ranks that are NOT the culprit,
     against the same ranks in the clean twin. The replay keeps those ranks' recorded durations, so
     a ratio far from 1 (ranks sharing cores compute faster while the culprit sleeps) is an error of
-    the what-if that no graph can remove."""
+    the what-if that no graph can remove. The workloads pin rank r to core r mod cores (one host:
+    local rank = rank; ``cores`` those of this machine, where the corpus is recorded): the culprit's
+    core-mates are shown apart, as they get its core while it sleeps."""
     import duckdb
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     files = str(cache / "store" / "_results" / "temporal_breakdown" / "*.parquet")   # one file per analysed run
     per = duckdb.sql(f"SELECT run, rank, median(compute_ns) AS c FROM read_parquet('{files}') GROUP BY run, rank").df()
-    rows = ["| fault run | peers' compute per step, fault / twin ms | ratio |", "|---|---|---|"]
+    rows = [f"| fault run | peers' compute per step, fault / twin ms | ratio | the culprit's core-mates (rank mod {cores}) "
+            f"| the other peers |", "|---|---|---|---|---|"]
     for name, twin in twins.items():
         doc = docs.get(name)
         if not twin or not doc or twin not in docs:
@@ -185,8 +200,20 @@ def peer_compute(cache: Path, docs: dict, twins: dict) -> str:
         c = per[(per["run"] == twin) & per["rank"].isin(f.index)].set_index("rank")["c"]
         if f.empty or c.empty:
             continue
-        rows.append(f"| {name} | {f.mean() / 1e6:.1f} / {c.mean() / 1e6:.1f} | {f.mean() / c.mean():.2f} |")
+        mates = f.index.isin([r for r in f.index if any(r % cores == k % cores for k in culprits)])
+
+        def ratio(sel):
+            return f"{f[sel].mean() / c.reindex(f.index[sel]).mean():.2f}" if sel.any() else "-"
+        rows.append(f"| {name} | {f.mean() / 1e6:.1f} / {c.mean() / 1e6:.1f} | {f.mean() / c.mean():.2f} "
+                    f"| {ratio(mates)} | {ratio(~mates)} |")
     return "\n".join(rows) + "\n"
+
+
+def _ground_truth(run_dir: Path) -> dict:
+    try:
+        return json.loads((run_dir / "manifest.json").read_text()).get("ground_truth") or {}
+    except (OSError, ValueError):
+        return {}
 
 
 def structural(cache: Path, pairs, run_dirs: dict) -> list[dict]:
@@ -203,6 +230,11 @@ def structural(cache: Path, pairs, run_dirs: dict) -> list[dict]:
                 ingest([run_dirs[r]], store, run=r)
             except TraceInputError:   # already in the store
                 pass
+        layers = [sum(_ground_truth(run_dirs[r]).get("layers_per_stage") or []) for r in (run, target)]
+        if layers[0] != layers[1]:   # a re-run of another model is no ground truth for the plan
+            out.append({"run": run, "plan": action, "target": target,
+                        "error": f"not the same model: {layers[0]} vs {layers[1]} layers"})
+            continue
         try:
             pred = replay.run_plan(store, {"actions": [action]}, run=run).job_step_ns()
             meas = measured_step_ns(store, target)
@@ -256,7 +288,7 @@ def main(argv=None) -> int:
             continue
         gt = json.loads((run_dirs[name] / "manifest.json").read_text()).get("ground_truth", {})
         truth = sc.truth(gt)
-        docs[name] = analyse(cache, name, run_dirs[name], truth.ranks if truth else None, full=name == case.name)
+        docs[name] = analyse(cache, name, run_dirs[name], truth, full=name == case.name)
     shipped = Path(__file__).resolve().parents[1] / "traces"
     run_dirs.update({r: shipped / r for pair in SHIPPED_STRUCTURAL for r in (pair[0], pair[2])})
     plans = structural(cache, [s for s in STRUCTURAL + SHIPPED_STRUCTURAL if s[0] in run_dirs], run_dirs)

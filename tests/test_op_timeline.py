@@ -175,3 +175,62 @@ def test_light_collector_records_real_ops(tmp_path):
     assert t["seq"] == [0, 1, 2, 0, 1, 2] and min(t["duration_ns"]) >= 1_000_000
     assert all(b >= a for a, b in zip(t["start_ns"], t["start_ns"][1:]))
     assert sniff(path)[0] == "op_timeline"
+
+
+#: another host's monotonic clock: its origin (boot) three days away from the first host's
+OTHER_HOST_NS = 3 * 86_400 * 1_000_000_000
+
+
+def _two_hosts(t, clock_offset: bool):
+    """The recorded timeline as if ranks 2 and 3 (the second DP replica) ran on another host whose
+    monotonic clock is OTHER_HOST_NS ahead; with ``clock_offset`` each row carries the pair that
+    maps its host's clock back."""
+    far = pa.compute.greater_equal(t["rank"], 2)
+    shift = pa.compute.if_else(far, pa.scalar(OTHER_HOST_NS), pa.scalar(0))
+    t = t.set_column(t.column_names.index("start_ns"), "start_ns", pa.compute.add(t["start_ns"], shift))
+    t = t.append_column("host", pa.compute.if_else(far, pa.scalar("node-b"), pa.scalar("node-a")))
+    if clock_offset:
+        t = t.append_column("clock_offset_ns", pa.compute.negate(shift))
+    return t
+
+
+def test_clock_pairs_of_several_hosts(tmp_path, store):
+    """Multi-host op timelines: a ``clock_offset`` column (what the light collector writes: wall -
+    monotonic read together on the rank) puts every rank on one clock; without it, the hosts'
+    clocks are aligned by the analyses from the collectives (``clock_offsets``: several hosts)."""
+    paired = _variant(tmp_path, "paired.parquet", lambda t: _two_hosts(t, True))
+    ta.ingest([paired], tmp_path / "p", run="p")
+    con, ref = ta.open(tmp_path / "p"), ta.open(store)
+    q = "SELECT rank, min(ts_ns), max(ts_ns + dur_ns), any_value(host) FROM events JOIN ranks USING (run, rank) " \
+        "GROUP BY rank ORDER BY rank"
+    got = con.execute(q).fetchall()
+    want = ref.execute(q).fetchall()
+    assert [g[:3] for g in got] == [w[:3] for w in want]
+    assert [g[3] for g in got] == ["node-a", "node-a", "node-b", "node-b"]
+
+    unpaired = _variant(tmp_path, "unpaired.parquet", lambda t: _two_hosts(t, False))
+    ta.ingest([unpaired], tmp_path / "u", run="u")
+    from traceanalyzer.analyses.results import analyze
+    res = analyze(tmp_path / "u", only=["clock_offsets"], save_results=False)["clock_offsets"]
+    assert res["applied"].all(), res
+    off = dict(zip(res["rank"], res["estimated_offset_ns"]))
+    rows = res.to_dict("records")
+    for r in (2, 3):   # the second host's ranks come back by about the three days (within a step's jitter)
+        assert abs((off[r] - off[0]) + OTHER_HOST_NS) < 5_000_000, rows
+
+
+def test_a_rank_on_two_hosts_is_one_error(tmp_path, run_cli):
+    def two(t):
+        hosts = ["h0" if (r != 1 or i % 2) else "h1" for i, r in enumerate(t.column("rank").to_pylist())]
+        return t.append_column("host", pa.array(hosts))
+    _one_line(run_cli, _variant(tmp_path, "two.parquet", two), tmp_path / "new", "rank 1 is on several hosts (h0, h1)")
+
+
+def test_light_collector_writes_its_clock_pair():
+    import time
+    tl = OpTimeline(rank=0)
+    with tl.op("forward-compute", 0):
+        pass
+    t = tl.table().to_pydict()
+    assert t["host"] == [tl.host] and tl.host
+    assert abs(t["clock_offset_ns"][0] - (time.time_ns() - time.perf_counter_ns())) < 50_000_000

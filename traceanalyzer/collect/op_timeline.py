@@ -8,16 +8,37 @@
     tl.write(out_dir / "op_timeline.parquet")   # every rank calls it: rank 0 writes all ranks' rows
 
 Times are ``time.perf_counter_ns()`` (CLOCK_MONOTONIC on Linux: one clock for every process of a
-host), written as ``start_ns``/``duration_ns`` so the unit is in the column names. The table is
+host), written as ``start_ns``/``duration_ns`` so the unit is in the column names. Hosts do not
+share that clock, so every row also carries the rank's ``host`` and ``clock_offset_ns``: wall
+time minus monotonic time, read together when the timeline is made (the tightest of a few reads),
+which the import adds to ``start_ns`` -- every rank then lies on the wall clock, and the analyses
+align what NTP leaves between hosts from the collectives (``clock_offsets``). The table is
 what :mod:`traceanalyzer.ingest.op_timeline` reads (the op vocabulary is documented there). No
 profiler runs: the cost is two clock reads per op, which is why large jobs keep such a record on
 every rank.
 """
 from __future__ import annotations
 
+import socket
 import time
 from contextlib import contextmanager
 from pathlib import Path
+
+#: clock pairs read to find wall - monotonic; the pair read in the shortest time is kept
+CLOCK_PAIR_READS = 5
+
+
+def clock_pair_offset_ns() -> int:
+    """Wall-clock time minus ``perf_counter_ns`` now: from the pair of reads that took least time
+    (monotonic before and after a wall read, the wall read taken at their midpoint)."""
+    best = None
+    for _ in range(CLOCK_PAIR_READS):
+        a = time.perf_counter_ns()
+        w = time.time_ns()
+        b = time.perf_counter_ns()
+        if best is None or b - a < best[0]:
+            best = (b - a, w - (a + b) // 2)
+    return best[1]
 
 
 class OpTimeline:
@@ -28,6 +49,8 @@ class OpTimeline:
         self.coords = {"dp": dp, "pp": pp, "tp": tp, "cp": cp, "ep": ep}
         self.rows: list[tuple] = []
         self._seq: dict[tuple, int] = {}
+        self.host = socket.gethostname()
+        self.clock_offset_ns = clock_pair_offset_ns()
 
     @contextmanager
     def op(self, op: str, step: int, microbatch: int = -1, vpp: int = 0):
@@ -50,6 +73,8 @@ class OpTimeline:
         for name, values, typ in zip(("op", "step", "microbatch", "vpp", "seq", "start_ns", "duration_ns"), cols,
                                      (pa.string(), pa.int32(), pa.int32(), pa.int32(), pa.int32(), pa.int64(), pa.int64())):
             data[name] = pa.array(list(values), typ)
+        data["host"] = pa.array([self.host] * n, pa.string())
+        data["clock_offset_ns"] = pa.array([self.clock_offset_ns] * n, pa.int64())
         return pa.table(data)
 
     def write_rank(self, path: str | Path, metadata: dict | None = None) -> Path:

@@ -255,6 +255,10 @@ def apply_plan(g: Graph, plan: dict, typical: np.ndarray | None = None) -> np.nd
                 typ = typical_durations(g, reference=ref) if set(ranks) - with_peers else g.dur
                 for peers, own in by_stage:
                     typ = np.where(_rank_mask(g, own), typical_durations(g, reference=peers), typ)
+                # ranks whose reference does the same work (not a pipeline; a stage's data-parallel
+                # peers) take the reference's durations as they are
+                pipeline = g.stages is not None and not g.stages.empty
+                same_role = _rank_mask(g, sorted(with_peers)) if pipeline else np.ones(g.n, bool)
             else:
                 if typical is None:
                     typical = typical_durations(g)
@@ -268,7 +272,11 @@ def apply_plan(g: Graph, plan: dict, typical: np.ndarray | None = None) -> np.nd
             # "what if these ranks behaved like the others": never slower than they were (an op the
             # others ran longer -- a piece of a stage's work cut differently, another stage's role --
             # is not something idealising a slow rank would add); every rank: OSDI'25's mean
-            dur[m] = np.minimum(typ[m], dur[m]) if subset else typ[m]
+            if subset:
+                exact = same_role & np.isin(g.kind, [OP, KERNEL])
+                dur[m] = np.where(exact[m], typ[m], np.minimum(typ[m], dur[m]))
+            else:
+                dur[m] = typ[m]
         elif a["action"] == "scale":
             m &= compute
             if a.get("categories"):

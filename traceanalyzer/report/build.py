@@ -13,6 +13,7 @@ import pandas as pd
 
 from .. import __version__
 from .. import schema as S
+from .caveats import shared_host_caveat
 from .figures import Figure, plan_figures, render_figures
 from .findings import Finding, median_step_ns, negatives, rank_findings
 from .load import RunData, load_run, open_runs
@@ -64,7 +65,9 @@ def build_run(data: RunData, figures: bool | str = True, store=None, replay: boo
         figs, errors = render_figures(figs, errors)
     return RunReport(run=data.run, shape=job_shape(data), step_times=step_times(data), findings=findings,
                      negatives=negatives(data, findings), metrics=run_metrics(data, findings),
-                     figures=figs, figure_errors=errors, data=data, replay=rp, caveats=list(data.caveats))
+                     figures=figs, figure_errors=errors, data=data, replay=rp,
+                     caveats=list(data.caveats) + shared_host_caveat(
+                         data.ranks, any((f.replay or {}).get("status") == "ok" for f in findings)))
 
 
 def build_report(store: str | os.PathLike, run: str | None = None, figures: bool | str = True, progress=None,

@@ -43,3 +43,24 @@ def run_caveats(con, run: str, launch_stats: pd.DataFrame | None = None) -> list
 def _ranks(values) -> str:
     from ..ingest.batch import format_ranges
     return format_ranges([int(v) for v in (values if values is not None else [])])
+
+
+def shared_host_caveat(ranks: pd.DataFrame, replayed: bool) -> list[str]:
+    """What-ifs of a CPU-only run with several ranks on one host: the ranks share its cores, so a
+    rank's slowdown changes its core-mates' speed (a sleeping rank leaves them its core; a busy one
+    takes it), and the idle ranks' transfers run faster while they wait. The replay keeps every
+    rank's recorded durations and cannot know that: on 4-8 ranks on 2 cores, "idealise the culprit"
+    missed the clean re-run by up to ~30 % for this reason alone (``benchmarks/accuracy.py``'s
+    contention check). Said only when the report shows a what-if (``replayed``)."""
+    if not replayed or ranks.empty or not {"host", "device"} <= set(ranks.columns):
+        return []
+    cpu = ranks[ranks["device"].astype(str).str.lower() == "cpu"]
+    per_host = cpu.groupby(cpu["host"].fillna("").astype(str))["rank"].nunique()
+    shared = per_host[per_host > 1]
+    if shared.empty:
+        return []
+    where = ", ".join(f"{n} on {h or 'an unnamed host'}" for h, n in shared.items())
+    return [f"Ranks share a host's CPUs with no accelerator ({where}): one rank's slowdown speeds up or slows its "
+            "core-mates, which the what-ifs (replayed with every rank's recorded durations) cannot know; on 4-8 ranks "
+            "on 2 cores they missed real re-runs by up to ~30 % for this alone."]
+

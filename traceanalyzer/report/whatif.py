@@ -107,6 +107,9 @@ def _structural_plan(f: Finding, data: RunData, ranks: list[int]) -> dict:
 def apply_replay(store, data: RunData, findings: list[Finding], max_events: int = REPLAY_MAX_EVENTS) -> RunReplay:
     """Replay the what-if of each rank finding (in place: ``Finding.replay``, and the recoverable
     time becomes the replay's saving), re-rank ``findings``, and return the run's replay status."""
+    for f in findings:
+        if f.kind == "exposed_comm":
+            _overlap_whatif(store, data, f)
     targets = sorted([f for f in findings if f.kind in REPLAY_KINDS and f.rank is not None],
                      key=lambda f: -f.recoverable_ns_per_step)
     if not targets:
@@ -172,6 +175,29 @@ def apply_replay(store, data: RunData, findings: list[Finding], max_events: int 
     return out
 
 
+def _overlap_whatif(store, data: RunData, f: Finding) -> None:
+    """The what-if of an exposed-communication finding (data-parallel collectives issued only after
+    backward): the DDP step model (``replay.ddp``) with the buckets issued during backward as their
+    gradients are ready (plan ``{"action": "ddp", "overlap": true}``). The finding keeps the analyses'
+    estimate as its recoverable time (what the trace measured); the replay's prediction is its
+    evidence and its ``replay`` record. A run the model cannot take (no all_reduce, no backward
+    gradients in the trace) says why and keeps the estimate."""
+    from ..replay import ddp
+    plan = {"actions": [{"action": "ddp", "overlap": True}]}
+    try:
+        r = ddp.predict(store, run=data.run, overlap=True)
+        ident_ns, pred_ns = r.job_step_ns("identity_ns"), r.job_step_ns()
+    except Exception as exc:  # noqa: BLE001 -- the report must not fail because replay did
+        f.replay = {"status": "failed", "plan": plan,
+                    "reason": f"the DDP step model could not replay overlap ({_one_line(exc)}); the estimate is kept"}
+        return
+    saving = ident_ns - pred_ns
+    err = {k: float(r.identity_error[k]) for k in ("median", "p90") if k in r.identity_error}
+    f.replay = {"status": "ok", "plan": plan, "ranks": [], "identity_step_ns": ident_ns, "predicted_step_ns": pred_ns,
+                "saving_ns_per_step": saving, "saving_pct": pct_of(saving, median_step_ns(data)), "identity_error": err}
+    f.evidence.insert(0, replay_sentence(f))
+
+
 def _measured_wait_floor(f: Finding, data: RunData, step_ns: float) -> None:
     """An imbalance (a rank given more work) that its peers measurably waited for (also flagged by
     stragglers.sql): what fixing it gives back is at least that wait (``delay_ns_per_step``: what
@@ -206,14 +232,16 @@ def replay_sentence(f: Finding) -> str:
     who = ("rank " if len(r["ranks"]) == 1 else "ranks ") + ", ".join(map(str, r["ranks"]))
     if f.kind == "structural":
         who += " (its extra work spread over the other stages)"
+    doing = ("issuing each bucket's all_reduce during backward as its gradients are ready (DDP step model)"
+             if f.kind == "exposed_comm" else f"idealising {who}")
     err = r.get("identity_error") or {}
     err_txt = (f" (identity-replay error: median {100 * err['median']:.1f} %, p90 {100 * err['p90']:.1f} %)"
                if "median" in err and "p90" in err else "")
     s = r["saving_ns_per_step"]
     if s > 0:
-        head = f"replay: idealising {who} would cut the step by {ms(s)} ({r['saving_pct']:.1f}% of the median step)"
+        head = f"replay: {doing} would cut the step by {ms(s)} ({r['saving_pct']:.1f}% of the median step)"
     else:
-        head = f"replay: idealising {who} would not shorten the step ({ms(-s)} longer)"
+        head = f"replay: {doing} would not shorten the step ({ms(-s)} longer)"
     return (head + f"; replayed job step (slowest rank, mean over steps) {ms(r['identity_step_ns'])} → "
             f"{ms(r['predicted_step_ns'])}" + err_txt
             + (f"; the analyses' estimate was {ms(f.estimate_ns_per_step)}" if f.estimate_ns_per_step is not None else ""))

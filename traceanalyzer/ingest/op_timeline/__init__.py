@@ -14,6 +14,8 @@ Columns (other names through ``column_map``, {ours: theirs}; a few aliases are k
 | ``start``, ``duration`` | time of the op (required); unit from the column name (``start_us``, ``duration_ms`` ...), ``column_map['unit']``, else inferred from the magnitude of ``start`` (stated in ``ranks.trace_meta_json``) |
 | ``microbatch`` | micro-batch id (optional) |
 | ``seq`` | sequence id per (rank, step, op) (optional: else the order of start times) |
+| ``host`` | the rank's host (optional): ranks on several hosts have their clocks aligned by the analyses (``clock_offsets``) |
+| ``clock_offset`` | added to ``start`` to put the rank's clock on a common one (optional; unit from its name, ``clock_offset_ns``, else the unit of ``start``): a per-host monotonic clock plus (wall − monotonic) read together on that rank, as the light collector writes it |
 
 Mapping: every op is an event on one CPU thread of its rank (tid 1): compute ops ``cpu_op``,
 communication ops ``comm_op`` plus one ``comms`` row each (dialect ``op_timeline``); each step's
@@ -47,12 +49,13 @@ from .tables import SEQ_STRIDE, SOURCE, TID, Grid  # noqa: F401 (documented here
 log = logging.getLogger("traceanalyzer.ingest")
 
 REQUIRED = ("rank", "step", "op", "start", "duration")
-OPTIONAL = ("dp", "pp", "vpp", "tp", "cp", "ep", "microbatch", "seq")
+OPTIONAL = ("dp", "pp", "vpp", "tp", "cp", "ep", "microbatch", "seq", "host", "clock_offset")
 ALIASES = {"rank": ("global_rank",), "dp": ("dp_rank",), "pp": ("pp_rank", "stage", "pp_stage"),
            "vpp": ("virtual_stage", "model_chunk", "chunk", "vpp_rank"), "tp": ("tp_rank",), "cp": ("cp_rank",),
            "ep": ("ep_rank",), "step": ("iteration", "iter"), "op": ("op_type", "type", "name"),
            "start": ("start_ts", "ts", "begin"), "duration": ("dur",),
-           "microbatch": ("micro_batch", "microbatch_id", "mb"), "seq": ("seq_id", "sequence_id")}
+           "microbatch": ("micro_batch", "microbatch_id", "mb"), "seq": ("seq_id", "sequence_id"),
+           "host": ("hostname", "host_name", "node")}
 #: The documented op types: (class, detail). Anything else ending in -all-reduce, -reduce-scatter,
 #: -all-gather or -all-to-all is a collective of that op; the rest is compute, kept under its name.
 VOCABULARY = {
@@ -83,7 +86,7 @@ def _find(ours: str, have: set, column_map: dict) -> str | None:
         if name in have:
             return name
         for unit in UNITS:
-            if f"{name}_{unit}" in have and ours in ("start", "duration"):
+            if f"{name}_{unit}" in have and ours in ("start", "duration", "clock_offset"):
                 return f"{name}_{unit}"
     return None
 
@@ -208,6 +211,15 @@ def _arrays(path, t: pa.Table, cols: dict, to_ns: float, ops_u: list[str]) -> di
     rank, step = ints("rank"), ints("step")
     mb, vpp = ints("microbatch", -1), ints("vpp")
     ts, dur = times("start"), times("duration")
+    if cols["clock_offset"]:
+        m = re.search(r"_(ns|us|ms|s)$", cols["clock_offset"])
+        off = t.column(cols["clock_offset"])
+        if off.null_count or not (pa.types.is_integer(off.type) or pa.types.is_floating(off.type)):
+            raise TraceInputError(path, f"op timeline column {cols['clock_offset']!r} must be numbers without gaps "
+                                        f"({off.type})")
+        scale = UNITS[m.group(1)] if m else to_ns
+        ts = ts + (off.to_numpy().astype(np.int64) if scale == 1 and pa.types.is_integer(off.type)
+                   else np.round(off.to_numpy().astype(np.float64) * scale).astype(np.int64))
     if (dur < 0).any():
         raise TraceInputError(path, f"op timeline has {int((dur < 0).sum())} negative duration(s)")
     code = pc.index_in(t.column(cols["op"]).cast(pa.string()), value_set=pa.array(ops_u, pa.string()))
@@ -215,7 +227,22 @@ def _arrays(path, t: pa.Table, cols: dict, to_ns: float, ops_u: list[str]) -> di
     seq = ints("seq", -1) if cols["seq"] else _order_seq(rank, step, code, ts)
     order = np.lexsort((ts, rank))
     a = {"rank": rank, "step": step, "ts": ts, "dur": dur, "mb": mb, "seq": seq, "vpp": vpp, "code": code}
-    return {k: v[order] for k, v in a.items()}
+    a = {k: v[order] for k, v in a.items()}
+    a["hosts"] = _hosts(path, t, cols["host"], rank)
+    return a
+
+
+def _hosts(path, t: pa.Table, col: str | None, rank: np.ndarray) -> dict[int, str]:
+    """rank -> host of a block (empty without a host column); a rank on two hosts is an error."""
+    if col is None:
+        return {}
+    per = pd.DataFrame({"rank": rank, "host": t.column(col).cast(pa.string()).fill_null("").to_numpy(zero_copy_only=False)})
+    per = per.drop_duplicates()
+    two = per[per["rank"].duplicated(keep=False)]
+    if not two.empty:
+        r = int(two["rank"].iloc[0])
+        raise TraceInputError(path, f"op timeline rank {r} is on several hosts ({', '.join(sorted(two.loc[two['rank'] == r, 'host']))})")
+    return dict(zip(per["rank"].astype(int), per["host"].astype(str)))
 
 
 def _unit_from_names(path, cols, given) -> tuple[int, str, str] | None:

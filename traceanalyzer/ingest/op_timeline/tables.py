@@ -136,7 +136,7 @@ def build(path, grid: Grid, ops_u: list[str], classes: list[str], coll_ops: list
                                          "n_events": ev.num_rows}], schema=S.THREADS.arrow_schema)
         rank_meta = dict(meta, coordinates=dict(zip(_DIMS, grid.of[r])))
         ranks = pa.Table.from_pylist([{
-            "trace_file": str(path.resolve()), "host": "", "pid": r, "world_size": world, "backend": None,
+            "trace_file": str(path.resolve()), "host": a["hosts"].get(r, ""), "pid": r, "world_size": world, "backend": None,
             "device": None, "rank_source": SOURCE, "base_time_ns": 0, "start_ts_ns": start, "end_ts_ns": end,
             "clock_offset_ns": 0, "n_events": ev.num_rows, "n_skipped": sum(skipped.values()),
             "skipped_json": json.dumps(skipped, sort_keys=True), "distributed_info_json": "{}",

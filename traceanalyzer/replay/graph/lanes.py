@@ -27,14 +27,19 @@ from .load import Scratch
 # all_to_all_single: it waits from the enqueue cut on). Not for a lazily waited p2p: its wait is
 # known (_LAZY_WAITS)
 _RUNLOOP_WAITS = """
-WITH q AS (SELECT m.rank, m.enq_tid AS tid, m."end" AS ce, m.cut, m.comm_id FROM {cm} m WHERE m.is_q AND NOT m.lazy),
+WITH q AS (SELECT m.rank, m.enq_tid AS tid, m."end" AS ce, m.c, m.cut, m.comm_id FROM {cm} m WHERE m.is_q AND NOT m.lazy),
 a AS (SELECT q.*, t.start, t."end" AS top_end, t.nxt FROM q ASOF JOIN {tops} t
-      ON t.rank = q.rank AND t.tid = q.tid AND q.ce >= t.start)
+      ON t.rank = q.rank AND t.tid = q.tid AND q.ce >= t.start),
+b AS (SELECT q.*, t."end" AS top_end, t.nxt FROM q ASOF JOIN {tops} t
+      ON t.rank = q.rank AND t.tid = q.tid AND q.c >= t.start)
 SELECT rank, tid, top_end AS lo, ce AS hi, 'post' AS src_kind, comm_id AS ref FROM a
 WHERE ce > top_end AND ce < nxt AND (nxt - ce <= $tail_ns OR (cut >= start AND top_end - cut <= $tail_ns))
 UNION ALL
 SELECT rank, tid, cut AS lo, ce AS hi, 'post', comm_id FROM a
-WHERE ce < top_end AND top_end - ce <= $tail_ns AND cut >= start AND cut < ce"""
+WHERE ce < top_end AND top_end - ce <= $tail_ns AND cut >= start AND cut < ce
+UNION ALL
+SELECT b.rank, b.tid, b.top_end, b.nxt, 'post', b.comm_id FROM b
+WHERE b.c > b.top_end AND b.c < b.nxt AND b.ce >= b.nxt AND b.cut <= b.top_end"""
 
 # a lazily waited p2p (load.py): its thread waited for it from its last activity before the span
 # ended (the wait call) to the span's end; the work after waits for the transfer (its POST)
