@@ -263,6 +263,7 @@ def apply_plan(g: Graph, plan: dict, typical: np.ndarray | None = None) -> np.nd
                 if typical is None:
                     typical = typical_durations(g)
                 typ = typical
+                same_role = np.zeros(g.n, bool)     # a subset against every rank: never slower than it was
             sel = np.zeros(g.n, bool)
             if a.get("compute", True):
                 sel |= compute
