@@ -11,9 +11,9 @@
 --
 -- The check: the run's main compute operations (the same_work_top_ops largest by time per step,
 -- activity.sql's compute intervals) counted per (step, name, input shapes) from the recorded
--- `Input Dims` (Kineto record_shapes), over the steps every rank of the group recorded, compared
--- between a rank and its peers (the ranks imbalance.sql compares its compute with: in a pipeline the
--- replicas of its stage, else every rank of the run). Ops that carry no shapes (autograd's
+-- `Input Dims` (Kineto record_shapes; shapes.sql), over the steps every rank of the group
+-- recorded, compared between a rank and its peers (the ranks imbalance.sql compares its compute
+-- with: in a pipeline the replicas of its stage, else every rank of the run). Ops that carry no shapes (autograd's
 -- wrappers; kernels, on GPU ranks) tell nothing and are left out. The same counts on every rank of
 -- a group: the same work. Unknown (NULL): no peer, or a rank of the group without recorded shapes
 -- (record_shapes off, GPU kernels only, an op timeline).
@@ -22,22 +22,7 @@
 --   same_work_top_ops  how many of the run's largest compute ops (by time per step) are compared
 --                      (default 8)
 --
--- requires: step_alignment, activity, pipelines
-
--- Each rank's CPU operators with recorded input shapes, per aligned step: how many ran with each
--- (name, `Input Dims`). Rank-local (the map of summaries.py saves it; the comparison reads it).
--- Columns: run, rank, step, name, input_dims (the JSON text of the shapes), n.
--- scope: rank
-CREATE OR REPLACE TEMP VIEW _op_shapes AS
-WITH shaped AS (
-    SELECT run, rank, window_id, step, name, json_extract_string(args_json, '$."Input Dims"') AS input_dims
-    FROM events
-    WHERE ph = 'X' AND kind = 'cpu_op' AND step IS NOT NULL AND args_json LIKE '%"Input Dims"%'
-)
-SELECT s.run, s.rank, coalesce(a.aligned_step, s.step) AS step, s.name, s.input_dims, count(*) AS n
-FROM shaped s LEFT JOIN step_alignment a USING (run, rank, window_id, step)
-WHERE s.input_dims IS NOT NULL
-GROUP BY ALL;
+-- requires: shapes, activity, pipelines
 
 -- Each rank's peers: every rank of the run, except in a pipeline (pipelines.sql), where a rank's
 -- peers are the ranks holding the same stage in the other replicas (stages do different work by
