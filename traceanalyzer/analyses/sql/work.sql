@@ -13,9 +13,9 @@
 -- activity.sql's compute intervals) counted per (step, name, input shapes) from the recorded
 -- `Input Dims` (Kineto record_shapes; shapes.sql), over the steps every rank of the group
 -- recorded, compared between a rank and its peers (the ranks imbalance.sql compares its compute
--- with: in a pipeline the replicas of its stage, else every rank of the run). Ops that carry no shapes (autograd's
--- wrappers; kernels, on GPU ranks) tell nothing and are left out. The same counts on every rank of
--- a group: the same work. Unknown (NULL): no peer, or a rank of the group without recorded shapes
+-- with: in a pipeline the replicas of its stage, else every rank of the run). Ops that carry no
+-- shapes (autograd's wrappers; kernels, on GPU ranks) tell nothing and are left out. The same
+-- counts on every rank of a group: the same work. Unknown (NULL): no peer, or a rank of the group without recorded shapes
 -- (record_shapes off, GPU kernels only, an op timeline).
 --
 -- Parameters (DuckDB variables set by traceanalyzer.analyses):
