@@ -7,7 +7,7 @@
 * the replay cap counts confirmed findings: a candidate the replay refutes does not use up the
   cap, so the finding after it is replayed rather than reported on its estimate;
 * a rank that computes longer than its peers on the same ops and input shapes is a slower host,
-  not an imbalance (report/work.py); a rank given more work is;
+  not an imbalance (imbalance.sql's same_work, work.sql); a rank given more work is;
 * an imbalance its peers measurably waited for is worth at least that wait (the replay comes out
   short: extra work also slows what shares the host).
 """
@@ -124,24 +124,23 @@ def test_replay_cap_counts_confirmed_findings(store, monkeypatch):
 
 def test_same_work_on_a_slower_host_is_no_imbalance(store):
     """Clean 2-rank DDP: rank 0 computes 1.11x the mean (a busier core; 4.8 % of the step, under the
-    5 % threshold). With the threshold at 4 % imbalance.sql flags it, but it ran the same ops on the
-    same shapes as rank 1: not more work. The 2x-batch run's rank 1 ran bigger shapes: more work."""
+    5 % threshold). With the threshold at 4 % it is above imbalance.sql's thresholds, but it ran the
+    same ops on the same shapes as rank 1: not more work, so the analysis does not flag it and the
+    report says why. The 2x-batch run's rank 1 ran bigger shapes: more work."""
     from traceanalyzer.analyses import connect
     from traceanalyzer.analyses.results import compute
-    from traceanalyzer.report.work import same_work
     con = connect(str(store))
     try:
-        res = compute(con, run="ddp_gloo_2rank", only=["imbalance", "imbalance_ops"], imbalance_min_excess_pct=4.0)
-        im = res["imbalance"]
-        assert im.loc[im["is_finding"], "rank"].tolist() == [0]
-        assert same_work(con, "ddp_gloo_2rank", res) == {0: True}
-        imb = compute(con, run="ddp_gloo_2rank_imb1", only=["imbalance", "imbalance_ops"])
-        assert same_work(con, "ddp_gloo_2rank_imb1", imb) == {1: False}
+        im = compute(con, run="ddp_gloo_2rank", only=["imbalance"], imbalance_min_excess_pct=4.0)["imbalance"]
+        assert im.loc[im["above_thresholds"], "rank"].tolist() == [0]
+        assert im["same_work"].tolist() == [True, True] and not im["is_finding"].any()
+        imb = compute(con, run="ddp_gloo_2rank_imb1", only=["imbalance"])["imbalance"]
+        assert imb.loc[imb["is_finding"], "rank"].tolist() == [1] and not imb["same_work"].any()
     finally:
         con.close()
     data = _data(store, "ddp_gloo_2rank")
-    data.same_work = {0: True}
     data.results["imbalance"] = im
+    data.params["imbalance_min_excess_pct"] = 4.0
     assert [f.kind for f in rank_findings(data)] == []
     from traceanalyzer.report.findings import negatives
     assert any(n.startswith("Rank 0 computes 1.1") and "same operations on the same input shapes" in n

@@ -52,6 +52,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     _s("straggler_persistent_pct", 50.0, "flagged in at least this % of steps: 'persistent', else 'sporadic'"),
     _s("imbalance_min_ratio", 1.1, "a rank is imbalanced when its compute is at least this times the mean of the ranks"),
     _s("imbalance_min_excess_pct", 5.0, "... and its excess over the mean is at least this % of the median step time"),
+    # the bulk of a step's compute: a training step's few matmuls, convolutions and their backward
+    _s("same_work_top_ops", 8, "a rank above the imbalance thresholds is no imbalance when it ran the run's this many largest compute ops (by time per step) on the same input shapes, as often, as its peers (a slower host, not more work; work.sql)"),
     _s("seqlen_min_corr", 0.9, "forward/backward correlation across steps that signals sequence-length imbalance"),
     _s("seqlen_min_steps", 3, "... over at least this many steps"),
     _s("clock_offset_min_launch_delay_ns", 1_000_000, "a CPU/GPU clock offset is suspected when even a rank's quickest GPU op started this long after its launch call returned"),

@@ -282,11 +282,13 @@ _sql("kernel_breakdown", "kernel_breakdown", "run, rank, category, rank_in_categ
     ("count", I64, "", "occurrences"), ("total_ns", I64, _NS, "total time"), ("mean_ns", F64, _NS, "mean"),
     ("max_ns", I64, _NS, "longest"), ("pct_of_category", F64, "%", "share of its category's time"),
     ("rank_in_category", I64, "", "1 = most time")], where="rank_in_category <= getvariable('kernels_top')")
-_sql("imbalance", "imbalance_ranks", "run, rank_order", "Per rank: compute relative to the mean of the ranks (median over steps).", _RUN_RANK + [
+_sql("imbalance", "imbalance_ranks", "run, rank_order", "Per rank: compute relative to the mean of the ranks (median over steps); the same ops on the same shapes as its peers is no finding.", _RUN_RANK + [
     ("compute_ns_per_step", F64, _NS, "median compute per step"), ("ratio_to_mean", F64, "", "compute / mean of ranks"),
     ("excess_ns_per_step", F64, _NS, "compute - mean of ranks"), ("excess_pct", F64, "%", "excess as % of the median step time"),
     ("steps", I64, "", "steps"), ("steps_max", I64, "", "steps in which it did the most work"),
-    ("is_finding", BOOL, "", "above the thresholds"), ("rank_order", I64, "", "1 = most excess work")])
+    ("above_thresholds", BOOL, "", "compute >= imbalance_min_ratio x its peers' mean, excess >= imbalance_min_excess_pct of the step"),
+    ("same_work", BOOL, "", "ran the same compute ops on the same input shapes as its peers (work.sql); NULL: unknown (no shapes recorded, no peer)"),
+    ("is_finding", BOOL, "", "above the thresholds and not the same work (a slower host is no imbalance)"), ("rank_order", I64, "", "1 = most excess work")])
 _sql("imbalance_ops", "imbalance_ops", "run, rank_order", "Imbalance per op type: which kernels/operators the ranks spend unevenly (largest excess first).", [
     ("run", STR, "", "run name"), ("category", STR, "", "compute, comm or memory"), ("name", STR, "", "kernel or operator"),
     ("n_ranks", I64, "", "ranks in the run"), ("mean_ns_per_step", F64, _NS, "mean over ranks (median over steps)"),

@@ -17,7 +17,7 @@ is reported once, as the more specific cause (slow stage > imbalance > straggler
 evidence of both. A straggler that does no more compute than its peers is slow for another
 reason (its host, a sleep, contention) and stays a straggler; a rank that computes longer than its
 peers while running the same operations on the same input shapes has a slower host, not more work,
-and is no imbalance (work.py).
+and is no imbalance (the analysis decides: imbalance.sql's ``same_work``, analyses/sql/work.sql).
 """
 from __future__ import annotations
 
@@ -124,8 +124,6 @@ def _imbalance(data: RunData) -> list[Finding]:
     a2a = data.r("all_to_all_balance")
     out = []
     for r in im[im["is_finding"].fillna(False).astype(bool)].itertuples() if not im.empty else ():
-        if data.same_work.get(int(r.rank)) is True:   # the same ops on the same shapes: a slower host (work.py)
-            continue
         ev = [f"computes {ms(r.compute_ns_per_step)} per step, {r.ratio_to_mean:.2f}x the mean of the ranks "
               f"(+{ms(r.excess_ns_per_step)}, {r.excess_pct:.1f}% of the step)",
               f"did the most work in {r.steps_max} of {r.steps} steps"]
@@ -383,6 +381,24 @@ def rank_findings(data: RunData) -> list[Finding]:
     return sorted(found, key=lambda f: -f.recoverable_ns_per_step)
 
 
+def _same_work_ranks(data: RunData) -> list[int]:
+    """Ranks above the imbalance thresholds that the analysis found ran the same work as their peers."""
+    im = data.r("imbalance")
+    if im.empty or "same_work" not in im:
+        return []
+    same = im["above_thresholds"].fillna(False).astype(bool) & im["same_work"].fillna(False).astype(bool)
+    return sorted(int(r) for r in im.loc[same, "rank"])
+
+
+def _same_work_note(data: RunData, rank: int) -> str:
+    """The line the report gives for a rank whose extra compute is not extra work."""
+    row = data.r("imbalance").set_index("rank").loc[rank]
+    return (f"Rank {rank} computes {float(row['ratio_to_mean']):.2f}x the mean of its peers but runs the same operations "
+            f"on the same input shapes: a slower host, not more work, so not an imbalance (a straggler if its peers "
+            f"wait for it at least {float(data.params.get('straggler_min_delay_pct', default('straggler_min_delay_pct'))):g}% "
+            f"of a step).")
+
+
 def negatives(data: RunData, findings: list[Finding]) -> list[str]:
     """What was looked for and not found, with the thresholds, so a clean run says so."""
     p = data.params
@@ -394,9 +410,7 @@ def negatives(data: RunData, findings: list[Finding]) -> list[str]:
     if "imbalance" not in kinds:
         out.append(f"No imbalance found: no rank computes at least {p.get('imbalance_min_ratio', 1.1):g}x the mean "
                    f"of the ranks with an excess of at least {p.get('imbalance_min_excess_pct', 5.0):g}% of a step.")
-    from .work import same_work_note
-    out += [same_work_note(data, r) for r, same in sorted(data.same_work.items())
-            if same is True and r not in {f.rank for f in findings}]
+    out += [_same_work_note(data, r) for r in _same_work_ranks(data) if r not in {f.rank for f in findings}]
     if not data.r("pipeline_shape").empty and "slow_stage" not in kinds:
         out.append(f"No slow pipeline stage found: no stage's own time exceeds the others' by at least "
                    f"{p.get('slow_stage_min_excess_pct', 10.0):g}% of a step.")

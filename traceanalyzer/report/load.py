@@ -33,7 +33,6 @@ class RunData:
     pipeline_idle: pd.DataFrame | None = field(default_factory=pd.DataFrame)  # run, rank, stage, step, kind, caused_by_rank, lo_ns, hi_ns, dur_ns; None: a pipeline's, not loaded
     events: int = 0                     # stored events of the run (what a replay graph has to hold)
     caveats: list[str] = field(default_factory=list)  # what the report cannot know or corrected (caveats.py)
-    same_work: dict = field(default_factory=dict)     # imbalance-flagged rank -> same ops and shapes as its peers? (work.py)
 
     def r(self, name: str) -> pd.DataFrame:
         """The result table ``name`` of this run (empty with the schema's columns if absent)."""
@@ -104,8 +103,6 @@ def load_run(con, store: str | os.PathLike, run: str, with_intervals: bool = Tru
                    events=int(events))
     from .caveats import run_caveats
     data.caveats = run_caveats(con, run, results.get("launch_stats"))
-    from .work import same_work
-    data.same_work = same_work(con, run, results)
     if not data.r("pipeline_shape").empty:
         data.pipeline_idle = pipeline_idle(con, run, data.params, store) if with_intervals else None
     return data

@@ -13,9 +13,12 @@
 --   seqlen_min_corr           forward and backward durations correlated at least this much across
 --                             steps suggest sequence-length imbalance (default 0.9)
 --
+-- A rank above these thresholds that ran the same operations on the same input shapes as its peers
+-- has a slower host, not more work: no finding (same_work, work.sql).
+--
 -- max_rank (the rank with the most): a tie goes to the lowest rank, whatever order the rows come in.
 --
--- requires: activity, phases, pipelines
+-- requires: activity, phases, work
 
 -- Columns: run, step, n_ranks, mean_ns, max_ns, min_ns, max_over_mean, cv, max_rank.
 CREATE OR REPLACE TEMP VIEW imbalance_steps AS
@@ -29,19 +32,20 @@ SELECT run, step, count(*) AS n_ranks, avg(compute_ns) AS mean_ns, max(compute_n
 FROM per_rank GROUP BY ALL;
 
 -- Per rank: compute relative to the mean of its peers, median over steps; the finding rows.
--- Peers: every rank of the run, except in a pipeline (pipelines.sql), where a rank is compared
--- only with the ranks holding the same stage in the other replicas (its data-parallel peers):
--- stages do different work by design (the last one holds the loss and head, a partition is rarely
--- even), which is the pipeline's structure, not an imbalance (bubbles.sql weighs the stages).
--- A pipeline without replicas has no peers, hence no imbalance finding here.
+-- Peers (work.sql's _imbalance_peers): every rank of the run, except in a pipeline (pipelines.sql),
+-- where a rank is compared only with the ranks holding the same stage in the other replicas (its
+-- data-parallel peers): stages do different work by design (the last one holds the loss and head,
+-- a partition is rarely even), which is the pipeline's structure, not an imbalance (bubbles.sql
+-- weighs the stages). A pipeline without replicas has no peers, hence no imbalance finding here.
 -- Columns: run, rank, compute_ns_per_step, ratio_to_mean, excess_ns_per_step, excess_pct (of the
--- median step time), steps, steps_max (steps in which it did the most work), is_finding,
--- rank_order (1 = most excess work).
+-- median step time), steps, steps_max (steps in which it did the most work), above_thresholds,
+-- same_work (work.sql: the same ops on the same input shapes as its peers; NULL unknown),
+-- is_finding (above the thresholds and not the same work), rank_order (1 = most excess work).
 CREATE OR REPLACE TEMP VIEW imbalance_ranks AS
 WITH per_rank AS (
-    SELECT a.run, a.rank, a.step, coalesce('stage ' || any_value(ps.stage), 'all') AS peers,
+    SELECT a.run, a.rank, a.step, any_value(p.peers) AS peers,
            sum(a.dur_ns) FILTER (WHERE a.n_compute > 0) AS compute_ns
-    FROM activity_segments a LEFT JOIN pipeline_stages ps ON ps.run = a.run AND ps.rank = a.rank
+    FROM activity_segments a JOIN _imbalance_peers p USING (run, rank)
     GROUP BY a.run, a.rank, a.step
 ),
 peer_steps AS (
@@ -61,10 +65,11 @@ agg AS (
            count(*) AS steps, count(*) FILTER (WHERE r.is_max) AS steps_max
     FROM rel r LEFT JOIN step_time t USING (run) GROUP BY ALL
 )
-SELECT *, ratio_to_mean >= getvariable('imbalance_min_ratio')
-          AND coalesce(excess_pct, 100) >= getvariable('imbalance_min_excess_pct') AS is_finding,
-       row_number() OVER (PARTITION BY run ORDER BY excess_ns_per_step DESC, rank) AS rank_order
-FROM agg;
+SELECT a.*, a.ratio_to_mean >= getvariable('imbalance_min_ratio')
+          AND coalesce(a.excess_pct, 100) >= getvariable('imbalance_min_excess_pct') AS above_thresholds,
+       w.same_work, above_thresholds AND w.same_work IS NOT TRUE AS is_finding,
+       row_number() OVER (PARTITION BY a.run ORDER BY a.excess_ns_per_step DESC, a.rank) AS rank_order
+FROM agg a LEFT JOIN _same_work w USING (run, rank);
 
 -- Sequence-length imbalance signal: per rank, the correlation across steps of its forward and
 -- backward durations (phases.sql). Columns: run, rank, steps, fwd_bwd_corr, signal.
