@@ -127,9 +127,34 @@ long AS (
     FROM (UNPIVOT own ON forward, backward, optimizer, data_loading INTO NAME phase VALUE ns) l
     LEFT JOIN _collective_blocked b USING (run, rank, step, phase)
 ),
+counted AS (
+    SELECT *, count(*) OVER (PARTITION BY run, step, phase) AS n_group,
+           count(*) OVER (PARTITION BY run, rank, step, phase) AS n_own,
+           rank() OVER (PARTITION BY run, step, phase ORDER BY ns NULLS LAST) - 1 AS below  -- known values < ns
+    FROM long
+),
+known AS (SELECT run, step, phase, list(ns ORDER BY ns) FILTER (WHERE ns IS NOT NULL) AS v FROM long GROUP BY ALL),
+loo AS (  -- a rank with one row: the median of the others from the sorted values without its own
+    -- (linear: a self-join of every rank with every other is quadratic in the ranks)
+    SELECT c.run, c.rank, c.step, c.phase, c.ns, c.below, coalesce(k.v, []) AS v,
+           len(coalesce(k.v, [])) - CASE WHEN c.ns IS NULL THEN 0 ELSE 1 END AS m
+    FROM counted c LEFT JOIN known k USING (run, step, phase)
+    WHERE c.n_own = 1 AND c.n_group > 1
+),
+pos AS (
+    SELECT *, (m - 1) // 2 AS k1,  -- the median is at (m - 1) / 2 of the m others: between k1 and m // 2
+           CASE WHEN ns IS NULL OR (m - 1) // 2 < below THEN v[(m - 1) // 2 + 1] ELSE v[(m - 1) // 2 + 2] END AS lo,
+           CASE WHEN ns IS NULL OR m // 2 < below THEN v[m // 2 + 1] ELSE v[m // 2 + 2] END AS hi
+    FROM loo
+),
 others AS (
+    SELECT run, rank, step, phase, ns,
+           CASE WHEN m > 0 THEN lo::DOUBLE * (1 - ((m - 1) / 2 - k1)) + hi::DOUBLE * ((m - 1) / 2 - k1) END AS others_ns
+    FROM pos
+    UNION ALL  -- a rank with several rows of one step and phase (rare): compared with every other rank's
     SELECT a.run, a.rank, a.step, a.phase, a.ns, median(b.ns) AS others_ns
-    FROM long a JOIN long b ON a.run = b.run AND a.step = b.step AND a.phase = b.phase AND a.rank <> b.rank
+    FROM (SELECT * FROM counted WHERE n_own > 1) a
+    JOIN long b ON a.run = b.run AND a.step = b.step AND a.phase = b.phase AND a.rank <> b.rank
     GROUP BY ALL
 )
 SELECT run, rank, step, phase, ns, others_ns, ns - others_ns AS excess_ns FROM others;

@@ -1,0 +1,67 @@
+"""``_phase_excess`` takes each rank's median of the other ranks from the sorted values without its
+own (linear in the ranks) instead of joining every rank with every other: the same rows, to the
+bit, as the self-join it replaced (the spec here), with unknown (NULL) phases, ties, a rank alone
+in its step, and a rank with two rows of one step."""
+from __future__ import annotations
+
+import random
+
+import duckdb
+import pytest
+
+from traceanalyzer.analyses import modules as M
+
+PAIRWISE = """
+WITH own AS (SELECT run, rank, step, forward_ns AS forward, backward_ns AS backward, optimizer_ns AS optimizer,
+                    data_loading_ns AS data_loading FROM step_phases),
+long AS (SELECT l.run, l.rank, l.step, l.phase, l.ns - coalesce(b.wait_ns, 0) AS ns
+         FROM (UNPIVOT own ON forward, backward, optimizer, data_loading INTO NAME phase VALUE ns) l
+         LEFT JOIN _collective_blocked b USING (run, rank, step, phase)),
+others AS (SELECT a.run, a.rank, a.step, a.phase, a.ns, median(b.ns) AS others_ns
+           FROM long a JOIN long b ON a.run = b.run AND a.step = b.step AND a.phase = b.phase AND a.rank <> b.rank
+           GROUP BY ALL)
+SELECT run, rank, step, phase, ns, others_ns, ns - others_ns AS excess_ns FROM others ORDER BY ALL"""
+
+
+def _view_sql() -> str:
+    con = duckdb.connect()
+    for st in con.extract_statements(M.modules()["stragglers"].text):
+        if "TEMP VIEW _phase_excess " in st.query:
+            return st.query
+    raise AssertionError("no _phase_excess in stragglers.sql")
+
+
+def _connection(rnd: random.Random):
+    con = duckdb.connect()
+    con.execute("CREATE TABLE step_phases (run VARCHAR, rank INTEGER, step INTEGER, forward_ns BIGINT, backward_ns BIGINT, "
+                "optimizer_ns BIGINT, data_loading_ns BIGINT)")
+    con.execute("CREATE TABLE _collective_blocked (run VARCHAR, rank INTEGER, step INTEGER, phase VARCHAR, wait_ns HUGEINT)")
+    value = lambda: rnd.choice([None, rnd.randrange(5), rnd.randrange(10**12), 9_007_199_254_740_993 + rnd.randrange(4)])
+    rows, blocked = [], []
+    for run in ("a", "b"):
+        n = rnd.randrange(1, 9)
+        for rank in range(n):
+            for step in range(rnd.randrange(1, 4)):
+                for _ in range(2 if rnd.random() < 0.08 else 1):  # sometimes two rows of one rank and step
+                    rows.append((run, rank, step, value(), value(), value(), value()))
+                if rnd.random() < 0.3:
+                    blocked.append((run, rank, step, rnd.choice(["forward", "backward", "optimizer"]), rnd.randrange(3)))
+    con.executemany("INSERT INTO step_phases VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+    if blocked:
+        con.executemany("INSERT INTO _collective_blocked VALUES (?, ?, ?, ?, ?)", blocked)
+    return con
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_same_rows_as_the_pairwise_median(seed):
+    rnd, view = random.Random(seed), _view_sql()
+    compared = 0
+    for _ in range(25):
+        con = _connection(rnd)
+        con.execute(view)
+        got = con.execute("SELECT * FROM _phase_excess ORDER BY ALL").fetchall()
+        want = con.execute(PAIRWISE).fetchall()
+        assert got == want
+        compared += len(want)
+        con.close()
+    assert compared > 200
