@@ -29,7 +29,7 @@ islands AS (  -- the busy time as merged intervals (intervals.sql)
     SELECT run, rank, step, any_value(s0) AS s0, any_value(s1) AS s1, island, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns
     FROM _interval_islands(busy_keyed) GROUP BY run, rank, step, island
 ),
-gaps AS (
+gaps AS MATERIALIZED (  -- read four times below
     SELECT run, rank, step, 'warmup' AS kind, s0 AS lo_ns, min(lo_ns) AS hi_ns FROM islands GROUP BY run, rank, step, s0
     UNION ALL
     SELECT run, rank, step, 'cooldown', max(hi_ns), s1 FROM islands GROUP BY run, rank, step, s1
@@ -38,11 +38,15 @@ gaps AS (
         SELECT *, lead(lo_ns) OVER (PARTITION BY run, rank, step ORDER BY lo_ns) AS next_lo FROM islands)
     WHERE next_lo IS NOT NULL AND next_lo > hi_ns
 ),
+calls_all AS MATERIALIZED (  -- comms read once (thousands of ranks' files: a scan is seconds)
+    SELECT run, rank, op, src_rank, dst_rank, enqueue_ts_ns, enqueue_dur_ns, end_ts_ns FROM comms
+    WHERE enqueue_ts_ns IS NOT NULL
+),
 pending AS (  -- when each receive (or send, or collective) was outstanding, and the peer it waited on
     SELECT run, rank, CASE WHEN op = 'recv' THEN src_rank ELSE dst_rank END AS src_rank, op = 'send' AS is_send,
            enqueue_ts_ns AS lo_ns, enqueue_ts_ns + enqueue_dur_ns AS call_end_ns,
            greatest(coalesce(end_ts_ns, 0), enqueue_ts_ns + enqueue_dur_ns) AS hi_ns
-    FROM comms WHERE op IN ('recv', 'send') AND enqueue_ts_ns IS NOT NULL
+    FROM calls_all WHERE op IN ('recv', 'send')
     UNION ALL
     -- a collective with the stage's data-parallel (or other) peers: waiting in it for the last peer
     -- to arrive is a stall charged to that peer (a fast replica waits for the slow one), not the
@@ -53,7 +57,7 @@ pending AS (  -- when each receive (or send, or collective) was outstanding, and
     LEFT JOIN clock_offsets o ON o.run = r.run AND o.rank = r.rank
     WHERE r.wait_ns > 0   -- on the rank's own clock (collectives.sql aligns clocks; pipeline_idle does not)
 ),
-calls AS (SELECT run, rank, enqueue_ts_ns AS ts_ns FROM comms WHERE enqueue_ts_ns IS NOT NULL),
+calls AS (SELECT run, rank, enqueue_ts_ns AS ts_ns FROM calls_all),
 pending_next AS (  -- a send, and the rank's first communication call after the send completed
     SELECT p.*, c.ts_ns AS next_call_ns
     FROM pending p ASOF LEFT JOIN calls c ON c.run = p.run AND c.rank = p.rank AND c.ts_ns >= p.hi_ns
