@@ -57,13 +57,21 @@ per_peer AS (
     SELECT grp.run AS run, grp.step AS step, grp.rank AS rank, grp.peer AS peer, sum(hi_ns - lo_ns) AS wait_ns
     FROM _union_intervals(islands) GROUP BY ALL
 ),
+member_sets AS (  -- the distinct sets of ranks that met in a collective (pairs per set, not per instance:
+                  -- a group of all N ranks is N^2 pairs once, not once per collective)
+    SELECT run, members, row_number() OVER () AS set_id
+    FROM (SELECT DISTINCT run, list(rank ORDER BY rank) AS members FROM collective_ranks GROUP BY run, pg, seq)
+),
+set_members AS (SELECT run, set_id, unnest(members) AS rank FROM member_sets),
+peers AS (
+    SELECT a.run, a.rank, count(DISTINCT b.rank) AS n_peers
+    FROM set_members a JOIN set_members b ON b.run = a.run AND b.set_id = a.set_id AND b.rank <> a.rank
+    GROUP BY ALL
+),
 imposed AS (
     SELECT p.run, p.rank, p.step, sum(p.wait_ns) AS imposed_wait_ns,
            sum(p.wait_ns) / greatest(any_value(g.n_peers), 1) AS delay_ns
-    FROM per_peer p JOIN (SELECT run, rank, count(DISTINCT peer) AS n_peers
-                          FROM (SELECT r.run, r.rank, q.rank AS peer FROM collective_ranks r
-                                JOIN collective_ranks q USING (run, pg, seq) WHERE q.rank <> r.rank)
-                          GROUP BY ALL) g USING (run, rank)
+    FROM per_peer p JOIN peers g USING (run, rank)
     GROUP BY ALL
 ),
 arrived_last AS (
