@@ -1,7 +1,8 @@
-"""``_phase_excess`` takes each rank's median of the other ranks from the sorted values without its
-own (linear in the ranks) instead of joining every rank with every other: the same rows, to the
-bit, as the self-join it replaced (the spec here), with unknown (NULL) phases, ties, a rank alone
-in its step, and a rank with two rows of one step."""
+"""``_phase_excess`` (and ``pipeline_slow_stages``' median of the other replicas) take each rank's
+median of the others from the sorted values without its own (linear in the ranks) instead of
+joining every rank with every other: the same rows, to the bit, as the self-join they replaced (the
+spec here), with unknown (NULL) values, ties, huge values, a rank alone in its step, and a rank with
+two rows of one step."""
 from __future__ import annotations
 
 import random
@@ -65,3 +66,41 @@ def test_same_rows_as_the_pairwise_median(seed):
         compared += len(want)
         con.close()
     assert compared > 200
+
+
+PAIRWISE_DP = """
+SELECT a.run, a.rank, a.step, median(b.own_ns) AS peer_own_ns
+FROM own a JOIN own b ON a.run = b.run AND a.stage = b.stage AND a.step = b.step AND a.pipeline_id <> b.pipeline_id
+GROUP BY ALL ORDER BY ALL"""
+
+
+def _dp_peers_sql() -> str:
+    """``pipeline_slow_stages``' median of the other replicas' same stage (its CTEs dp_counted .. dp_peers)."""
+    text = M.modules()["bubbles"].text
+    body = text[text.index("dp_counted AS ("):text.index("excess AS (", text.index("dp_peers AS ("))].rstrip().rstrip(",")
+    return f"WITH {body} SELECT * FROM dp_peers ORDER BY ALL"
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_replicas_median_same_rows_as_the_pairwise_one(seed):
+    """pipeline_slow_stages' dp_peers: the same leave-one-out median, by pipeline instead of rank."""
+    rnd, sql = random.Random(seed), _dp_peers_sql()
+    compared = 0
+    for _ in range(25):
+        con = duckdb.connect()
+        con.execute("CREATE TABLE own (run VARCHAR, rank INTEGER, pipeline_id INTEGER, stage INTEGER, step INTEGER, own_ns HUGEINT)")
+        rows = []
+        for run in ("a", "b"):
+            pp, dp = rnd.randrange(1, 4), rnd.randrange(1, 7)
+            for d in range(dp):
+                for s in range(pp):
+                    for step in range(rnd.randrange(1, 3)):
+                        for _ in range(2 if rnd.random() < 0.08 else 1):
+                            rows.append((run, d * pp + s, d, s, step,
+                                         rnd.choice([None, rnd.randrange(5), rnd.randrange(10**12), 2**53 + rnd.randrange(4)])))
+        con.executemany("INSERT INTO own VALUES (?, ?, ?, ?, ?, ?)", rows)
+        got = con.execute(sql).fetchall()
+        assert got == con.execute(PAIRWISE_DP).fetchall()
+        compared += len(got)
+        con.close()
+    assert compared > 100

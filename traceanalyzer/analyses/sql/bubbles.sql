@@ -174,10 +174,37 @@ cmp AS (
     FROM own a JOIN own b ON a.run = b.run AND a.pipeline_id = b.pipeline_id AND a.step = b.step AND a.rank <> b.rank
     GROUP BY a.run, a.rank, a.pipeline_id, a.stage, a.step, a.step_ns, a.own_ns, a.busy_ns, a.other_idle_ns
 ),
+dp_counted AS (
+    SELECT *, count(*) OVER (PARTITION BY run, stage, step) AS n_group,
+           count(*) OVER (PARTITION BY run, stage, step, pipeline_id) AS n_pipe,
+           count(*) OVER (PARTITION BY run, rank, step) AS n_rank,
+           rank() OVER (PARTITION BY run, stage, step ORDER BY own_ns NULLS LAST) - 1 AS below  -- known values < own_ns
+    FROM own
+),
+dp_known AS (SELECT run, stage, step, list(own_ns ORDER BY own_ns) FILTER (WHERE own_ns IS NOT NULL) AS v FROM own GROUP BY ALL),
+dp_loo AS (  -- one row of the rank's step and of its pipeline's stage: the median of the other replicas
+    -- from the sorted values without its own (a self-join of every replica with every other is
+    -- quadratic in the replicas: 1,024 of them at 8,192 ranks)
+    SELECT c.run, c.rank, c.step, c.own_ns, c.below, coalesce(k.v, []) AS v,
+           len(coalesce(k.v, [])) - CASE WHEN c.own_ns IS NULL THEN 0 ELSE 1 END AS m
+    FROM dp_counted c LEFT JOIN dp_known k USING (run, stage, step)
+    WHERE c.n_pipe = 1 AND c.n_rank = 1 AND c.n_group > 1
+),
+dp_pos AS (
+    SELECT *, (m - 1) // 2 AS k1,  -- the median is at (m - 1) / 2 of the m others: between k1 and m // 2
+           CASE WHEN own_ns IS NULL OR (m - 1) // 2 < below THEN v[(m - 1) // 2 + 1] ELSE v[(m - 1) // 2 + 2] END AS lo,
+           CASE WHEN own_ns IS NULL OR m // 2 < below THEN v[m // 2 + 1] ELSE v[m // 2 + 2] END AS hi
+    FROM dp_loo
+),
 dp_peers AS (  -- the same stage in the other replicas, same step
+    SELECT run, rank, step,
+           CASE WHEN m > 0 THEN lo::DOUBLE * (1 - ((m - 1) / 2 - k1)) + hi::DOUBLE * ((m - 1) / 2 - k1) END AS peer_own_ns
+    FROM dp_pos
+    UNION ALL  -- several rows of one rank's step or of one pipeline's stage (rare): the self-join
     SELECT a.run, a.rank, a.step, median(b.own_ns) AS peer_own_ns
-    FROM own a JOIN own b ON a.run = b.run AND a.stage = b.stage AND a.step = b.step AND a.pipeline_id <> b.pipeline_id
-    GROUP BY ALL
+    FROM (SELECT * FROM dp_counted WHERE n_rank > 1 OR n_pipe > 1) a
+    JOIN own b ON a.run = b.run AND a.stage = b.stage AND a.step = b.step AND a.pipeline_id <> b.pipeline_id
+    GROUP BY a.run, a.rank, a.step
 ),
 excess AS (
     SELECT c.*, coalesce(c.own_ns - d.peer_own_ns, c.other_idle_ns - c.others_idle_ns) AS excess_ns
