@@ -59,13 +59,56 @@ def _stored_jobs(store: Path, entries: list[dict]) -> list[tuple[str, int, dict]
 
 
 def check_run(store: Path, manifest, run: str, summaries: list) -> None:
-    """Refuse the batch when a trace disagrees with the others of its run (see the module doc)."""
-    seen = _stored_jobs(store, [t for t in manifest.traces if t["run"] == run])
+    """Refuse the batch when a trace disagrees with the others of its run (see the module doc).
+    Each trace is checked against an index of those before it (:class:`_Seen`), not each of them:
+    the same first disagreement as a pairwise check, in time linear in the ranks (an op timeline
+    of 8,192 ranks is 33 M pairs)."""
+    seen = _Seen()
+    for other_file, other_rank, other in _stored_jobs(store, [t for t in manifest.traces if t["run"] == run]):
+        seen.add(other_file, other_rank, other)
     for s in summaries:
-        job = s.job
-        for other_file, other_rank, other in seen:
-            _compare(s.path, s.rank, job, other_file, other_rank, other, run)
-        seen.append((s.path, s.rank, job))
+        first = seen.first_conflict(s.path, s.rank, s.job)
+        if first is not None:  # raises the pairwise check's message for that trace
+            _compare(s.path, s.rank, s.job, *seen.entries[first], run)
+        seen.add(s.path, s.rank, s.job)
+
+
+class _Seen:
+    """The traces checked so far, indexed by what :func:`_compare` compares: per key the first
+    trace with each value, per process group the first trace with each layout, per rank its traces."""
+
+    _KEYS = ("run_id", "world_size", "backend")
+
+    def __init__(self):
+        self.entries: list[tuple[str, int, dict]] = []
+        self.values: dict[str, dict] = {k: {} for k in self._KEYS}
+        self.layouts: dict[str, dict[tuple, int]] = {}
+        self.by_rank: dict[int, list[int]] = {}
+
+    def add(self, path: str, rank: int, job: dict) -> None:
+        i = len(self.entries)
+        self.entries.append((path, rank, job))
+        for k in self._KEYS:
+            if job.get(k) is not None:
+                self.values[k].setdefault(job[k], i)
+        for pg, members in (job.get("pg_layout") or {}).items():
+            self.layouts.setdefault(pg, {}).setdefault(tuple(members), i)
+        self.by_rank.setdefault(rank, []).append(i)
+
+    def first_conflict(self, path: str, rank: int, job: dict) -> int | None:
+        """The index of the first trace :func:`_compare` would refuse ``job`` against, or None."""
+        hits = [i for k in self._KEYS if job.get(k) is not None
+                for v, i in self.values[k].items() if v != job[k]]
+        for pg, members in (job.get("pg_layout") or {}).items():
+            mine = tuple(members)
+            hits += [i for layout, i in self.layouts.get(pg, {}).items() if layout != mine]
+        for i in self.by_rank.get(rank, ()):
+            try:
+                _compare(path, rank, job, *self.entries[i], "")
+            except TraceInputError:
+                hits.append(i)
+                break
+        return min(hits, default=None)
 
 
 def _compare(path: str, rank: int, job: dict, other_file: str, other_rank: int, other: dict, run: str) -> None:

@@ -29,7 +29,7 @@ islands AS (  -- the busy time as merged intervals (intervals.sql)
     SELECT run, rank, step, any_value(s0) AS s0, any_value(s1) AS s1, island, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns
     FROM _interval_islands(busy_keyed) GROUP BY run, rank, step, island
 ),
-gaps AS (
+gaps AS MATERIALIZED (  -- read four times below
     SELECT run, rank, step, 'warmup' AS kind, s0 AS lo_ns, min(lo_ns) AS hi_ns FROM islands GROUP BY run, rank, step, s0
     UNION ALL
     SELECT run, rank, step, 'cooldown', max(hi_ns), s1 FROM islands GROUP BY run, rank, step, s1
@@ -38,11 +38,15 @@ gaps AS (
         SELECT *, lead(lo_ns) OVER (PARTITION BY run, rank, step ORDER BY lo_ns) AS next_lo FROM islands)
     WHERE next_lo IS NOT NULL AND next_lo > hi_ns
 ),
+calls_all AS MATERIALIZED (  -- comms read once (thousands of ranks' files: a scan is seconds)
+    SELECT run, rank, op, src_rank, dst_rank, enqueue_ts_ns, enqueue_dur_ns, end_ts_ns FROM comms
+    WHERE enqueue_ts_ns IS NOT NULL
+),
 pending AS (  -- when each receive (or send, or collective) was outstanding, and the peer it waited on
     SELECT run, rank, CASE WHEN op = 'recv' THEN src_rank ELSE dst_rank END AS src_rank, op = 'send' AS is_send,
            enqueue_ts_ns AS lo_ns, enqueue_ts_ns + enqueue_dur_ns AS call_end_ns,
            greatest(coalesce(end_ts_ns, 0), enqueue_ts_ns + enqueue_dur_ns) AS hi_ns
-    FROM comms WHERE op IN ('recv', 'send') AND enqueue_ts_ns IS NOT NULL
+    FROM calls_all WHERE op IN ('recv', 'send')
     UNION ALL
     -- a collective with the stage's data-parallel (or other) peers: waiting in it for the last peer
     -- to arrive is a stall charged to that peer (a fast replica waits for the slow one), not the
@@ -53,7 +57,7 @@ pending AS (  -- when each receive (or send, or collective) was outstanding, and
     LEFT JOIN clock_offsets o ON o.run = r.run AND o.rank = r.rank
     WHERE r.wait_ns > 0   -- on the rank's own clock (collectives.sql aligns clocks; pipeline_idle does not)
 ),
-calls AS (SELECT run, rank, enqueue_ts_ns AS ts_ns FROM comms WHERE enqueue_ts_ns IS NOT NULL),
+calls AS (SELECT run, rank, enqueue_ts_ns AS ts_ns FROM calls_all),
 pending_next AS (  -- a send, and the rank's first communication call after the send completed
     SELECT p.*, c.ts_ns AS next_call_ns
     FROM pending p ASOF LEFT JOIN calls c ON c.run = p.run AND c.rank = p.rank AND c.ts_ns >= p.hi_ns
@@ -170,10 +174,37 @@ cmp AS (
     FROM own a JOIN own b ON a.run = b.run AND a.pipeline_id = b.pipeline_id AND a.step = b.step AND a.rank <> b.rank
     GROUP BY a.run, a.rank, a.pipeline_id, a.stage, a.step, a.step_ns, a.own_ns, a.busy_ns, a.other_idle_ns
 ),
+dp_counted AS (
+    SELECT *, count(*) OVER (PARTITION BY run, stage, step) AS n_group,
+           count(*) OVER (PARTITION BY run, stage, step, pipeline_id) AS n_pipe,
+           count(*) OVER (PARTITION BY run, rank, step) AS n_rank,
+           rank() OVER (PARTITION BY run, stage, step ORDER BY own_ns NULLS LAST) - 1 AS below  -- known values < own_ns
+    FROM own
+),
+dp_known AS (SELECT run, stage, step, list(own_ns ORDER BY own_ns) FILTER (WHERE own_ns IS NOT NULL) AS v FROM own GROUP BY ALL),
+dp_loo AS (  -- one row of the rank's step and of its pipeline's stage: the median of the other replicas
+    -- from the sorted values without its own (a self-join of every replica with every other is
+    -- quadratic in the replicas: 1,024 of them at 8,192 ranks)
+    SELECT c.run, c.rank, c.step, c.own_ns, c.below, coalesce(k.v, []) AS v,
+           len(coalesce(k.v, [])) - CASE WHEN c.own_ns IS NULL THEN 0 ELSE 1 END AS m
+    FROM dp_counted c LEFT JOIN dp_known k USING (run, stage, step)
+    WHERE c.n_pipe = 1 AND c.n_rank = 1 AND c.n_group > 1
+),
+dp_pos AS (
+    SELECT *, (m - 1) // 2 AS k1,  -- the median is at (m - 1) / 2 of the m others: between k1 and m // 2
+           CASE WHEN own_ns IS NULL OR (m - 1) // 2 < below THEN v[(m - 1) // 2 + 1] ELSE v[(m - 1) // 2 + 2] END AS lo,
+           CASE WHEN own_ns IS NULL OR m // 2 < below THEN v[m // 2 + 1] ELSE v[m // 2 + 2] END AS hi
+    FROM dp_loo
+),
 dp_peers AS (  -- the same stage in the other replicas, same step
+    SELECT run, rank, step,
+           CASE WHEN m > 0 THEN lo::DOUBLE * (1 - ((m - 1) / 2 - k1)) + hi::DOUBLE * ((m - 1) / 2 - k1) END AS peer_own_ns
+    FROM dp_pos
+    UNION ALL  -- several rows of one rank's step or of one pipeline's stage (rare): the self-join
     SELECT a.run, a.rank, a.step, median(b.own_ns) AS peer_own_ns
-    FROM own a JOIN own b ON a.run = b.run AND a.stage = b.stage AND a.step = b.step AND a.pipeline_id <> b.pipeline_id
-    GROUP BY ALL
+    FROM (SELECT * FROM dp_counted WHERE n_rank > 1 OR n_pipe > 1) a
+    JOIN own b ON a.run = b.run AND a.stage = b.stage AND a.step = b.step AND a.pipeline_id <> b.pipeline_id
+    GROUP BY a.run, a.rank, a.step
 ),
 excess AS (
     SELECT c.*, coalesce(c.own_ns - d.peer_own_ns, c.other_idle_ns - c.others_idle_ns) AS excess_ns

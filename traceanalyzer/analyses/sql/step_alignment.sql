@@ -8,11 +8,13 @@
 --
 -- How: nodes are trace windows (run, rank, window_id); two windows are linked when they share a
 -- synchronisation point, with d = (step of the first) - (step of the second), the most common d
--- over their shared points (a collective links each member to the group's lowest member). From
--- every window we walk the links (at most step_alignment_max_hops, 32), adding up d: delta(w) is what to add to w's
--- step numbers to get the numbering of the window it was reached from. Each connected set of
--- windows takes its lowest (rank, window) as the reference, and is then shifted so that the most
--- common delta of the set is 0: ranks that agree keep their numbers, the odd ones are renumbered.
+-- over their shared points (a collective links each member to the group's lowest member). Each
+-- window's reference is the lowest (rank, window) within step_alignment_max_hops (32) links of it
+-- (one round of taking the neighbours' lowest per link: linear in the windows, where walking from
+-- every window was quadratic); from each reference we walk the links (at most as many), adding up
+-- d: delta(w), by the shortest walk, is what to add to w's step numbers to get the numbering of its
+-- reference. Each set of windows with one reference is then shifted so that the most common delta
+-- of the set is 0: ranks that agree keep their numbers, the odd ones are renumbered.
 -- Windows with no synchronisation point keep their own numbers. Note: gloo collectives joined
 -- without a Flight Recorder dump get their seq from the order in the window (seq_source =
 -- 'order'), which is itself only right when every rank's window starts at the same iteration.
@@ -23,15 +25,15 @@
 -- on every rank).
 -- scope: align
 CREATE OR REPLACE TEMP VIEW step_alignment AS
-WITH RECURSIVE coll AS (
-    SELECT run, coalesce(pg_name, '?') AS pg, seq, rank, window_id, step FROM comms
-    WHERE NOT is_p2p AND seq IS NOT NULL AND step IS NOT NULL
+WITH RECURSIVE sync AS MATERIALIZED (  -- comms read once (a run of thousands of files: a scan is seconds)
+    SELECT run, is_p2p, op, coalesce(pg_name, '?') AS pg, seq, src_rank, dst_rank, tag, p2p_seq, rank, window_id, step
+    FROM comms
+    WHERE step IS NOT NULL AND (NOT is_p2p AND seq IS NOT NULL
+                                OR is_p2p AND op IN ('send', 'recv') AND src_rank IS NOT NULL AND dst_rank IS NOT NULL)
 ),
+coll AS MATERIALIZED (SELECT run, pg, seq, rank, window_id, step FROM sync WHERE NOT is_p2p),
 anchor AS (SELECT run, pg, seq, arg_min(rank::BIGINT * 1000000 + window_id, rank) AS node FROM coll GROUP BY ALL),
-p2p AS (
-    SELECT run, op, coalesce(pg_name, '?') AS pg, src_rank, dst_rank, tag, p2p_seq, rank, window_id, step FROM comms
-    WHERE is_p2p AND op IN ('send', 'recv') AND step IS NOT NULL AND src_rank IS NOT NULL AND dst_rank IS NOT NULL
-),
+p2p AS MATERIALIZED (SELECT run, op, pg, src_rank, dst_rank, tag, p2p_seq, rank, window_id, step FROM sync WHERE is_p2p),
 links AS (  -- (window a, window b, d = step on a - step on b) per shared synchronisation point
     SELECT c.run, c.rank AS a_rank, c.window_id AS a_win, b.rank AS b_rank, b.window_id AS b_win, c.step - b.step AS d
     FROM coll c JOIN anchor x USING (run, pg, seq)
@@ -51,18 +53,30 @@ both_ways AS (
     UNION ALL SELECT run, b_rank, b_win, a_rank, a_win, -d FROM edges
 ),
 nodes AS (SELECT DISTINCT run, rank, window_id FROM steps),
-reach(run, root_rank, root_win, rank, window_id, delta, hop) AS (
-    SELECT run, rank, window_id, rank, window_id, 0, 0 FROM nodes
+label(run, rank, window_id, root, hop) AS (  -- after round k: the lowest window within k links
+    SELECT run, rank, window_id, rank::BIGINT * 1000000 + window_id, 0 FROM nodes
+    UNION ALL
+    SELECT x.run, x.rank, x.window_id, min(x.root), any_value(x.hop) + 1
+    FROM (SELECT run, rank, window_id, root, hop FROM label
+          UNION ALL
+          SELECT l.run, e.b_rank, e.b_win, l.root, l.hop
+          FROM label l JOIN both_ways e ON e.run = l.run AND e.a_rank = l.rank AND e.a_win = l.window_id) x
+    WHERE x.hop < getvariable('step_alignment_max_hops')
+    GROUP BY x.run, x.rank, x.window_id
+),
+reference AS (SELECT run, rank, window_id, min(root) AS root FROM label GROUP BY ALL),
+reach(run, root, rank, window_id, delta, hop) AS (  -- walks from the references only
+    SELECT n.run, n.rank::BIGINT * 1000000 + n.window_id, n.rank, n.window_id, 0, 0
+    FROM nodes n SEMI JOIN reference r ON r.run = n.run AND r.root = n.rank::BIGINT * 1000000 + n.window_id
     UNION
-    SELECT r.run, r.root_rank, r.root_win, e.b_rank, e.b_win, r.delta + e.d, r.hop + 1
+    SELECT r.run, r.root, e.b_rank, e.b_win, r.delta + e.d, r.hop + 1
     FROM reach r JOIN both_ways e ON e.run = r.run AND e.a_rank = r.rank AND e.a_win = r.window_id
     WHERE r.hop < getvariable('step_alignment_max_hops')
 ),
-component AS (  -- each window's reference: the lowest (rank, window) reaching it, by the shortest walk
-    SELECT run, rank, window_id,
-           arg_min(delta, (root_rank::BIGINT * 1000000 + root_win) * 1000 + hop) AS delta,
-           min(root_rank::BIGINT * 1000000 + root_win) AS root
-    FROM reach GROUP BY ALL
+component AS (  -- each window's delta from its reference, by the shortest walk
+    SELECT x.run, x.rank, x.window_id, arg_min(x.delta, x.hop) AS delta, x.root
+    FROM reach x JOIN reference f ON f.run = x.run AND f.rank = x.rank AND f.window_id = x.window_id AND f.root = x.root
+    GROUP BY x.run, x.rank, x.window_id, x.root
 ),
 shifted AS (SELECT *, delta - mode(delta) OVER (PARTITION BY run, root) AS shift FROM component)
 SELECT s.run, s.rank, s.window_id, s.step, CAST(s.step + coalesce(x.shift, 0) AS INTEGER) AS aligned_step

@@ -57,13 +57,21 @@ per_peer AS (
     SELECT grp.run AS run, grp.step AS step, grp.rank AS rank, grp.peer AS peer, sum(hi_ns - lo_ns) AS wait_ns
     FROM _union_intervals(islands) GROUP BY ALL
 ),
+member_sets AS (  -- the distinct sets of ranks that met in a collective (pairs per set, not per instance:
+                  -- a group of all N ranks is N^2 pairs once, not once per collective)
+    SELECT run, members, row_number() OVER () AS set_id
+    FROM (SELECT DISTINCT run, list(rank ORDER BY rank) AS members FROM collective_ranks GROUP BY run, pg, seq)
+),
+set_members AS (SELECT run, set_id, unnest(members) AS rank FROM member_sets),
+peers AS (
+    SELECT a.run, a.rank, count(DISTINCT b.rank) AS n_peers
+    FROM set_members a JOIN set_members b ON b.run = a.run AND b.set_id = a.set_id AND b.rank <> a.rank
+    GROUP BY ALL
+),
 imposed AS (
     SELECT p.run, p.rank, p.step, sum(p.wait_ns) AS imposed_wait_ns,
            sum(p.wait_ns) / greatest(any_value(g.n_peers), 1) AS delay_ns
-    FROM per_peer p JOIN (SELECT run, rank, count(DISTINCT peer) AS n_peers
-                          FROM (SELECT r.run, r.rank, q.rank AS peer FROM collective_ranks r
-                                JOIN collective_ranks q USING (run, pg, seq) WHERE q.rank <> r.rank)
-                          GROUP BY ALL) g USING (run, rank)
+    FROM per_peer p JOIN peers g USING (run, rank)
     GROUP BY ALL
 ),
 arrived_last AS (
@@ -127,9 +135,34 @@ long AS (
     FROM (UNPIVOT own ON forward, backward, optimizer, data_loading INTO NAME phase VALUE ns) l
     LEFT JOIN _collective_blocked b USING (run, rank, step, phase)
 ),
+counted AS (
+    SELECT *, count(*) OVER (PARTITION BY run, step, phase) AS n_group,
+           count(*) OVER (PARTITION BY run, rank, step, phase) AS n_own,
+           rank() OVER (PARTITION BY run, step, phase ORDER BY ns NULLS LAST) - 1 AS below  -- known values < ns
+    FROM long
+),
+known AS (SELECT run, step, phase, list(ns ORDER BY ns) FILTER (WHERE ns IS NOT NULL) AS v FROM long GROUP BY ALL),
+loo AS (  -- a rank with one row: the median of the others from the sorted values without its own
+    -- (linear: a self-join of every rank with every other is quadratic in the ranks)
+    SELECT c.run, c.rank, c.step, c.phase, c.ns, c.below, coalesce(k.v, []) AS v,
+           len(coalesce(k.v, [])) - CASE WHEN c.ns IS NULL THEN 0 ELSE 1 END AS m
+    FROM counted c LEFT JOIN known k USING (run, step, phase)
+    WHERE c.n_own = 1 AND c.n_group > 1
+),
+pos AS (
+    SELECT *, (m - 1) // 2 AS k1,  -- the median is at (m - 1) / 2 of the m others: between k1 and m // 2
+           CASE WHEN ns IS NULL OR (m - 1) // 2 < below THEN v[(m - 1) // 2 + 1] ELSE v[(m - 1) // 2 + 2] END AS lo,
+           CASE WHEN ns IS NULL OR m // 2 < below THEN v[m // 2 + 1] ELSE v[m // 2 + 2] END AS hi
+    FROM loo
+),
 others AS (
+    SELECT run, rank, step, phase, ns,
+           CASE WHEN m > 0 THEN lo::DOUBLE * (1 - ((m - 1) / 2 - k1)) + hi::DOUBLE * ((m - 1) / 2 - k1) END AS others_ns
+    FROM pos
+    UNION ALL  -- a rank with several rows of one step and phase (rare): compared with every other rank's
     SELECT a.run, a.rank, a.step, a.phase, a.ns, median(b.ns) AS others_ns
-    FROM long a JOIN long b ON a.run = b.run AND a.step = b.step AND a.phase = b.phase AND a.rank <> b.rank
+    FROM (SELECT * FROM counted WHERE n_own > 1) a
+    JOIN long b ON a.run = b.run AND a.step = b.step AND a.phase = b.phase AND a.rank <> b.rank
     GROUP BY ALL
 )
 SELECT run, rank, step, phase, ns, others_ns, ns - others_ns AS excess_ns FROM others;
