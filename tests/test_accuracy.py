@@ -134,18 +134,18 @@ def test_wrong_analyses_score_lower(scored):
     assert "| overall |" in sc.render(right)
 
 
-@pytest.mark.xfail(strict=True, reason="not met on this recording: 'idealise rank 1' predicts ~77 ms against the "
-                                      "twin's 39 ms; its step 3 alone predicts 36 ms, steps 2 and 4 hold hiccups of "
-                                      "ranks that are not the culprit (a 61 ms send 0->1 after both arrived, a 41 ms "
-                                      "aten::linear on rank 0) that idealising rank 1 cannot remove; see "
-                                      "benchmarks/RESULTS.md for the corpus")
 def test_pipeline_whatif_matches_the_clean_twin(scored):
     """'Idealise rank 1' on the 1F1B run whose rank 1 sleeps: the predicted step against the clean
-    twin's measured step (target: max(10 %, 2 x the run-to-run spread); see benchmarks/RESULTS.md)."""
+    twin's measured step (target: max(10 %, 2 x the run-to-run spread)), and S = T / T_ideal against
+    the measured slowdown T_fault / T_twin (target: 10 %); see benchmarks/RESULTS.md. The pair was
+    re-recorded on a quiet host (session 15): the first recording, made beside other jobs, held
+    hiccups of ranks that were not the culprit (a 61 ms send after both ends arrived), which no
+    idealisation of rank 1 removes (77 ms predicted against the twin's 39 ms)."""
     f = sc.score_fault(scored[FAULT], [scored[TWIN]], sc.truth(scored[FAULT]["ground_truth"]))
     assert f["whatif_err"] <= PIPELINE_WHATIF_TOL, f
-    assert f["s_err"] <= PIPELINE_WHATIF_TOL, f
+    assert f["s_err"] <= sc.SLOWDOWN_TOL, f
 
 
-#: max(10 %, 2 x the clean 4-rank 1F1B runs' run-to-run spread measured by benchmarks/accuracy.py)
-PIPELINE_WHATIF_TOL = 0.10
+#: max(10 %, 2 x the clean 4-rank 1F1B runs' run-to-run spread measured by benchmarks/accuracy.py:
+#: 11 % for pp_1f1b4, RESULTS.md "Accuracy (session 14 final)")
+PIPELINE_WHATIF_TOL = max(sc.WHATIF_MIN_TOL, sc.SPREAD_FACTOR * 0.11)
