@@ -111,7 +111,7 @@ def apply_replay(store, data: RunData, findings: list[Finding], max_events: int 
     """Replay the what-if of each rank finding (in place: ``Finding.replay``, and the recoverable
     time becomes the replay's saving), re-rank ``findings``, and return the run's replay status."""
     for f in findings:
-        if f.kind == "exposed_comm":
+        if f.kind == "exposed_comm" and data.events <= max_events:
             _overlap_whatif(store, data, f)
     targets = sorted([f for f in findings if f.kind in REPLAY_KINDS and f.rank is not None],
                      key=lambda f: -f.recoverable_ns_per_step)
