@@ -27,7 +27,7 @@ def test_lock_of_another_host_is_never_taken_over(tmp_path, run_cli):
     ta.ingest([TRACES / "ddp_gloo_2rank"], store, progress=False)
     before = (store / st.MANIFEST).read_text()
     (store / st.LOCK).write_text(f"other-node-17:{_dead_pid()}")      # its pid means nothing here
-    with pytest.raises(StoreError, match=r"another ingest \(pid \d+ on other-node-17\)"):
+    with pytest.raises(StoreError, match=r"another process \(pid \d+ on other-node-17: an ingest, an analyze's commit or an rm\)"):
         ta.ingest([TRACES / "ddp_gloo_4rank"], store, progress=False)
     assert (store / st.MANIFEST).read_text() == before and (store / st.LOCK).exists()
     assert not check_store(store).stale_lock                            # nor called stale by check

@@ -201,8 +201,10 @@ def locked(store: Path, wait_s: float = 0):
                     pause = min(0.5, pause * 1.5)
                     continue
                 on = f" on {host}" if host and host != socket.gethostname() else ""
-                raise StoreError(f"{store}: another ingest (pid {pid}{on}) is writing this store; wait for it, "
-                                 f"or remove {lock} if that process is gone") from None
+                waited = f" (waited {wait_s:g} s)" if wait_s else ""
+                raise StoreError(f"{store}: another process (pid {pid}{on}: an ingest, an analyze's commit or an rm) "
+                                 f"is writing this store{waited}; wait for it, or remove {lock} if that process is "
+                                 f"gone") from None
             lock.unlink(missing_ok=True)
     try:
         try:
