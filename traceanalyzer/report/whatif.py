@@ -154,18 +154,14 @@ def apply_replay(store, data: RunData, findings: list[Finding], max_events: int 
             {"actions": [{"action": "idealize", "ranks": ranks}]}
         try:
             r = replay.what_if(g, {"actions": [dict(a) for a in plan["actions"]]}, sim=sim)  # it may add keys
-            ident_ns, pred_ns = r.job_step_ns("identity_ns"), r.job_step_ns()
-            err = {k: float(r.identity_error[k]) for k in ("median", "p90") if k in r.identity_error}
+            f.replay = _replay_record(r, plan, ranks, step_ns)
         except Exception as exc:  # noqa: BLE001
             f.replay = {"status": "failed", "reason": f"what-if failed ({_one_line(exc)}); the estimate is kept"}
             out.status, out.reason = "failed", f.replay["reason"]
             continue
         out.what_ifs += 1
-        out.identity_error = err
-        saving = ident_ns - pred_ns
-        f.replay = {"status": "ok", "plan": plan, "ranks": ranks, "identity_step_ns": ident_ns,
-                    "predicted_step_ns": pred_ns, "saving_ns_per_step": saving,
-                    "saving_pct": pct_of(saving, step_ns), "identity_error": err}   # % of the median step
+        out.identity_error = f.replay["identity_error"]
+        saving = f.replay["saving_ns_per_step"]
         f.estimate_ns_per_step = f.recoverable_ns_per_step
         f.recoverable_ns_per_step = max(saving, 0.0)
         f.recoverable_pct = pct_of(f.recoverable_ns_per_step, step_ns)
@@ -188,17 +184,23 @@ def _overlap_whatif(store, data: RunData, f: Finding) -> None:
     from ..replay import ddp
     plan = {"actions": [{"action": "ddp", "overlap": True}]}
     try:
-        r = ddp.predict(store, run=data.run, overlap=True)
-        ident_ns, pred_ns = r.job_step_ns("identity_ns"), r.job_step_ns()
+        f.replay = _replay_record(ddp.predict(store, run=data.run, overlap=True), plan, [], median_step_ns(data))
     except Exception as exc:  # noqa: BLE001 -- the report must not fail because replay did
         f.replay = {"status": "failed", "plan": plan,
                     "reason": f"the DDP step model could not replay overlap ({_one_line(exc)}); the estimate is kept"}
         return
-    saving = ident_ns - pred_ns
-    err = {k: float(r.identity_error[k]) for k in ("median", "p90") if k in r.identity_error}
-    f.replay = {"status": "ok", "plan": plan, "ranks": [], "identity_step_ns": ident_ns, "predicted_step_ns": pred_ns,
-                "saving_ns_per_step": saving, "saving_pct": pct_of(saving, median_step_ns(data)), "identity_error": err}
     f.evidence.insert(0, replay_sentence(f))
+
+
+def _replay_record(r, plan: dict, ranks: list[int], step_ns: float) -> dict:
+    """A finding's ``replay`` from a what-if result (``job_step_ns``, ``identity_error``): the
+    identity and predicted job steps, the saving (ns and % of the median step ``step_ns``) and the
+    identity error (median, p90)."""
+    ident_ns, pred_ns = r.job_step_ns("identity_ns"), r.job_step_ns()
+    saving = ident_ns - pred_ns
+    return {"status": "ok", "plan": plan, "ranks": ranks, "identity_step_ns": ident_ns, "predicted_step_ns": pred_ns,
+            "saving_ns_per_step": saving, "saving_pct": pct_of(saving, step_ns),
+            "identity_error": {k: float(r.identity_error[k]) for k in ("median", "p90") if k in r.identity_error}}
 
 
 def _measured_wait_floor(f: Finding, data: RunData, step_ns: float) -> None:
