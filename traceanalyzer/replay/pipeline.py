@@ -228,6 +228,9 @@ def predict(store_or_con, run: str | None = None, schedule: str | None = None, m
             stages_per_rank: int | None = None, costs: StageCosts | None = None) -> PipelineWhatIf:
     """Predict the run's step time under another schedule and/or micro-batch count (same micro-batch
     size), beside the identity (the recorded plan through the same model) and the measurement."""
+    if costs is None and store_or_con is not None:
+        from ..analyses import connect
+        store_or_con = connect(store_or_con)     # one connection for the costs and the limits
     c = costs if costs is not None else stage_costs(store_or_con, run)
     sched = schedule or c.schedule
     m = int(c.microbatches if microbatches is None else microbatches)
