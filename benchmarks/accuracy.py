@@ -95,6 +95,10 @@ SHIPPED_STRUCTURAL = [
     ("ddp_gloo_2rank_big_b25", {"action": "ddp", "bucket_mb": 4}, "ddp_gloo_2rank_big_b4"),
     ("pp_gpipe_2rank_m4", {"action": "pipeline", "schedule": "1f1b", "microbatches": 4}, "pp_1f1b_2rank_m4"),
     ("pp_1f1b_2rank_m4", {"action": "pipeline", "schedule": "1f1b", "microbatches": 8}, "pp_1f1b_2rank_m8"),
+    # the same 8 layers cut in 2 chunks per rank, on 2 ranks (one core each): the Interleaved1F1B
+    # plan where no two ranks share a core (the 4-rank pair above runs two ranks per core)
+    ("pp_1f1b_2rank_m4", {"action": "pipeline", "schedule": "interleaved1f1b", "microbatches": 4, "stages_per_rank": 2},
+     "pp_interleaved_2rank_m4"),
 ]
 
 

@@ -194,6 +194,8 @@ def _cmd_replay(args) -> int:
     print((r.per_rank_ns / 1e6).round(3).rename(columns=lambda c: c.replace("_ns", "_ms")).to_string())
     print(f"job step (slowest rank's mean step): measured {r.job_step_ns('measured_ns') / 1e6:.3f} ms, identity "
           f"{r.job_step_ns('identity_ns') / 1e6:.3f} ms, predicted {r.job_step_ns() / 1e6:.3f} ms")
+    for line in getattr(r, "limits", None) or ():
+        print(f"limit: {line}")
     if r.breakdown_ns is not None:
         print("breakdown delta vs identity (ms per step; the columns add up to step_time, the rank's step; "
               "waiting_other = waiting for peers and work on parallel lanes):")

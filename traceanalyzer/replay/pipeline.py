@@ -48,13 +48,17 @@ more micro-batches than recorded gives the new ones each stage's median forward/
 Steps run back to back as in the recorded loop, after one warm-up step (the first step's costs)
 started at each rank's recorded start of the first step. Another number of model chunks per rank
 (1F1B <-> Interleaved1F1B) re-cuts each rank's work evenly between its chunks
-(``StageCosts.repartitioned``), one message per chunk boundary at the recorded p2p cost. Not
-modelled: ranks sharing a core (the 4-rank traces on 2 cores: one rank's compute delays the
-other's), a different micro-batch size, a partition other than even within a rank.
+(``StageCosts.repartitioned``), one message per chunk boundary at the recorded p2p cost; the
+transfers a rank posts per action beyond the recorded ones cost its host the recorded time of
+posting one (``pipeline_comm``: ``.transfers``). Not modelled: ranks sharing a core (the 4-rank
+traces on 2 cores: one rank's compute delays the other's, and under Interleaved1F1B the same ops
+ran 30-75 % slower; ``.limits`` says so, ``pipeline_host``), the new schedule's own host work per
+action (torch's Interleaved1F1B runtime spends more per action than Schedule1F1B), a different
+micro-batch size, a partition other than even within a rank.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pandas as pd
 
@@ -75,6 +79,8 @@ class PipelineWhatIf:
     bubbles: pd.DataFrame        # rank, measured/identity/predicted bubble fraction (idle / step)
     theoretical_bubble: dict     # recorded, predicted: (p-1)/(v*m+p-1)
     costs: StageCosts
+    transfers: pd.DataFrame | None = None   # rank, recorded, planned (p2p ops per step), host_ns (one), added_ns (per step)
+    limits: list = field(default_factory=list)   # what this prediction cannot know, one line each (pipeline_host.py)
 
     def job_step_ns(self, column: str = "predicted_ns") -> float:
         """Job step time (``replay.simulate.job_step_ns``: per rank the mean step, the slowest rank)."""
@@ -188,10 +194,43 @@ def simulate_schedule(c: StageCosts, order: dict, steps: list, schedule: str) ->
     return st, tl.reset_index(drop=True)
 
 
+def _with_transfers(cn: StageCosts, c: StageCosts, rec: dict, new: dict) -> tuple[StageCosts, pd.DataFrame]:
+    """``cn`` with each rank's work between actions changed by the host cost of the transfers the
+    new plan posts per gap beyond the recorded ones (replay/pipeline_comm.py), and per rank the
+    transfers per step (recorded, planned), the host cost of one and what the plan adds per step."""
+    from dataclasses import replace
+
+    from .pipeline_comm import overhead_delta_ns, transfers_per_step
+    n_rec = transfers_per_step(rec, c.n_ranks, c.stages_per_rank)
+    n_new = transfers_per_step(new, cn.n_ranks, cn.stages_per_rank)
+    delta = overhead_delta_ns(c.p2p_host_ns, c.ranks, {q: (n_rec[q], len(rec[q])) for q in rec},
+                              {q: (n_new[q], len(new[q])) for q in new})
+    table = pd.DataFrame([(r, n_rec[q], n_new[q], c.p2p_host_ns.get(r), delta[r] * max(len(new[q]) - 1, 0))
+                          for q, r in enumerate(c.ranks)], columns=["rank", "recorded", "planned", "host_ns", "added_ns"])
+    if not any(delta.values()):
+        return cn, table
+    steps = cn.steps.copy()
+    steps["overhead_ns"] = (steps["overhead_ns"] + steps["rank"].map(delta).fillna(0)).clip(lower=0).astype("int64")
+    return replace(cn, steps=steps), table
+
+
+def _limits(store_or_con, c: StageCosts, sched: str, m: int, v: int) -> list:
+    """The stated limits of a plan on this run (replay/pipeline_host.py): CPU-only ranks sharing a host."""
+    changed = (sched, m, v) != (c.schedule, c.microbatches, c.stages_per_rank)
+    if not changed or store_or_con is None:
+        return []
+    from ..analyses import connect
+    from .pipeline_host import shared_host_limits
+    return shared_host_limits(connect(store_or_con), c.run, c.steps, changed)
+
+
 def predict(store_or_con, run: str | None = None, schedule: str | None = None, microbatches: int | None = None,
             stages_per_rank: int | None = None, costs: StageCosts | None = None) -> PipelineWhatIf:
     """Predict the run's step time under another schedule and/or micro-batch count (same micro-batch
     size), beside the identity (the recorded plan through the same model) and the measurement."""
+    if costs is None and store_or_con is not None:
+        from ..analyses import connect
+        store_or_con = connect(store_or_con)     # one connection for the costs and the limits
     c = costs if costs is not None else stage_costs(store_or_con, run)
     sched = schedule or c.schedule
     m = int(c.microbatches if microbatches is None else microbatches)
@@ -204,6 +243,7 @@ def predict(store_or_con, run: str | None = None, schedule: str | None = None, m
     new = schedule_order(sched, c.n_ranks, m, v)
     # another number of model chunks per rank: the same work re-cut (StageCosts.repartitioned)
     cn = c if v == c.stages_per_rank else c.repartitioned(v)
+    cn, transfers = _with_transfers(cn, c, rec, new)
     ident, _ = simulate_schedule(c, rec, steps, c.schedule)
     pred, tl = simulate_schedule(cn, new, steps, sched)
     out = c.steps[["rank", "step", "measured_ns", "own_ns"]].rename(columns={"own_ns": "measured_own_ns"})
@@ -227,4 +267,4 @@ def predict(store_or_con, run: str | None = None, schedule: str | None = None, m
         timeline=tl, bubbles=bub,
         theoretical_bubble={"recorded": theoretical_bubble(c.n_ranks, c.microbatches, c.stages_per_rank),
                             "predicted": theoretical_bubble(c.n_ranks, m, v)},
-        costs=c)
+        costs=c, transfers=transfers, limits=_limits(store_or_con, c, sched, m, v))

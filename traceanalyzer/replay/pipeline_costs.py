@@ -33,6 +33,7 @@ class StageCosts:
     steps: pd.DataFrame          # rank, step, start_ns, end_ns, measured_ns, pre_ns, post_ns, overhead_ns, own_ns
     p2p_ns: dict                 # {"F": activations, "B": gradients}: ns from producer end to consumer start
     p2p_samples: dict = field(default_factory=dict)   # kind -> [(step, ns)]
+    p2p_host_ns: dict = field(default_factory=dict)   # rank -> its host's cost of posting one p2p op (replay/pipeline_comm.py)
 
     def p2p_step_ns(self, step, kind: str) -> int:
         """The p2p cost used for one step: the mean of that step's samples (a slow step's slow
@@ -112,6 +113,11 @@ def stage_costs(store_or_con, run: str | None = None) -> StageCosts:
     recv_end = {r: np.sort(g.loc[g["op"] == "recv", "hi"].to_numpy(np.int64)) for r, g in pend.groupby("rank")}
     empty = (np.zeros(0, np.int64), np.zeros(0, np.int64))
     actions, steps = [], []
+    # the host's cost of posting one transfer: per rank the median duration of its p2p ops
+    host = {}
+    for (rank, _), (_, ops) in tops.items():
+        host.setdefault(rank, []).extend(ops.loc[ops["cls"] == "P", "dur_ns"].tolist())
+    p2p_host = {r: int(np.median(v)) for r, v in host.items() if v}
     for (rank, step), (ann, ops) in tops.items():
         srow = st[(st["rank"] == rank) & (st["step"] == step)]
         if srow.empty:
@@ -144,7 +150,7 @@ def stage_costs(store_or_con, run: str | None = None) -> StageCosts:
     p2p, samples = _p2p_costs(acts, ranks, p * v, steps)
     return StageCosts(run=run, schedule=schedule, n_ranks=p, stages_per_rank=v, microbatches=m, ranks=ranks,
                       actions=acts[["rank", "step", "stage", "kind", "mb", "start_ns", "end_ns", "cost_ns"]],
-                      steps=steps, p2p_ns=p2p, p2p_samples=samples)
+                      steps=steps, p2p_ns=p2p, p2p_samples=samples, p2p_host_ns=p2p_host)
 
 
 def _top_level(g: pd.DataFrame) -> pd.DataFrame:
