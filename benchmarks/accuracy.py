@@ -78,6 +78,13 @@ CASES = [
     Case("ppdp_2x2_w1", 4, PPDP + ["--slow-rank", "1", "--slow-ms", "10"], "ppdp_2x2"),
     Case("ppdp_4x2_w4", 8, PPDP + ["--slow-rank", "4", "--slow-ms", "10"], "ppdp_4x2"),
     Case("moe4", 4, MOE), Case("moe4_skew2", 4, MOE + ["--skew", "4", "--skew-rank", "2"], "moe4"),
+    # one rank per core (2 ranks on 2 cores): the same faults where no rank shares a core, so a
+    # culprit's sleep does not hand its core to a peer (the contention the 4-8 rank cases carry)
+    Case("ddp2_slow1", 2, ["ddp", "--slow-rank", "1", "--slow-ms", "10"], "ddp2"),
+    Case("pp_1f1b2", 2, PP + ["--schedule", "1f1b"]),
+    Case("pp_1f1b2_rank1", 2, PP + ["--schedule", "1f1b", "--slow-rank", "1", "--slow-ms", "5"], "pp_1f1b2"),
+    Case("pp_gpipe2", 2, PP + ["--schedule", "gpipe"]),
+    Case("pp_gpipe2_stage0", 2, PP + ["--schedule", "gpipe", "--slow-stage", "0", "--slow-ms", "5"], "pp_gpipe2"),
     Case("seqlen4", 4, ["seqlen"]),
     Case("seqlen4_jitter", 4, ["seqlen", "--jitter", "0.3"]),
     Case("seqlen4_long1", 4, ["seqlen", "--jitter", "0.3", "--long-rank", "1", "--long-factor", "2"], "seqlen4_jitter"),
