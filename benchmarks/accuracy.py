@@ -95,6 +95,8 @@ NOT_CLEAN = {"seqlen4_jitter"}
 STRUCTURAL = [
     ("pp_1f1b4", {"action": "pipeline", "schedule": "gpipe", "microbatches": 8}, "pp_gpipe4"),
     ("pp_gpipe4", {"action": "pipeline", "schedule": "1f1b", "microbatches": 8}, "pp_1f1b4"),
+    ("pp_1f1b2", {"action": "pipeline", "schedule": "gpipe", "microbatches": 8}, "pp_gpipe2"),
+    ("pp_gpipe2", {"action": "pipeline", "schedule": "1f1b", "microbatches": 8}, "pp_1f1b2"),
     # the re-run must hold the same model: pp_int4 has 8 layers (8 stages of 1), pp_1f1b4 only 4
     ("pp_1f1b4_l2", {"action": "pipeline", "schedule": "interleaved1f1b", "microbatches": 8, "stages_per_rank": 2},
      "pp_int4"),
