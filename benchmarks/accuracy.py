@@ -13,7 +13,9 @@ way, then per run: ingest -> report (``traceanalyzer.report``, its JSON document
 The corpus folder is a cache: runs already recorded there (``DIR/runs/NAME/manifest.json``) are
 reused; ``DIR/analysis-CACHE/reports/NAME.json`` caches each run's report and replay numbers (``--cache NAME``:
 a fresh cache re-analyses every run, e.g. after changing the analyses). Clean runs are recorded ``--repeats`` times
-(``NAME``, ``NAME_r1``, ...) to measure the run-to-run spread the what-if target is relative to.
+(``NAME``, ``NAME_r1``, ...) to measure the run-to-run spread the what-if target is relative to; fault runs
+``--fault-repeats`` times, each repeat scored on its own against the twin (one recording of a fault is one
+draw of the machine's noise: a score over several shows what is the analysis and what was that draw).
 Results are appended to ``benchmarks/RESULTS.md`` with the command and the machine.
 """
 from __future__ import annotations
@@ -76,6 +78,13 @@ CASES = [
     Case("ppdp_2x2_w1", 4, PPDP + ["--slow-rank", "1", "--slow-ms", "10"], "ppdp_2x2"),
     Case("ppdp_4x2_w4", 8, PPDP + ["--slow-rank", "4", "--slow-ms", "10"], "ppdp_4x2"),
     Case("moe4", 4, MOE), Case("moe4_skew2", 4, MOE + ["--skew", "4", "--skew-rank", "2"], "moe4"),
+    # one rank per core (2 ranks on 2 cores): the same faults where no rank shares a core, so a
+    # culprit's sleep does not hand its core to a peer (the contention the 4-8 rank cases carry)
+    Case("ddp2_slow1", 2, ["ddp", "--slow-rank", "1", "--slow-ms", "10"], "ddp2"),
+    Case("pp_1f1b2", 2, PP + ["--schedule", "1f1b"]),
+    Case("pp_1f1b2_rank1", 2, PP + ["--schedule", "1f1b", "--slow-rank", "1", "--slow-ms", "5"], "pp_1f1b2"),
+    Case("pp_gpipe2", 2, PP + ["--schedule", "gpipe"]),
+    Case("pp_gpipe2_stage0", 2, PP + ["--schedule", "gpipe", "--slow-stage", "0", "--slow-ms", "5"], "pp_gpipe2"),
     Case("seqlen4", 4, ["seqlen"]),
     Case("seqlen4_jitter", 4, ["seqlen", "--jitter", "0.3"]),
     Case("seqlen4_long1", 4, ["seqlen", "--jitter", "0.3", "--long-rank", "1", "--long-factor", "2"], "seqlen4_jitter"),
@@ -86,6 +95,8 @@ NOT_CLEAN = {"seqlen4_jitter"}
 STRUCTURAL = [
     ("pp_1f1b4", {"action": "pipeline", "schedule": "gpipe", "microbatches": 8}, "pp_gpipe4"),
     ("pp_gpipe4", {"action": "pipeline", "schedule": "1f1b", "microbatches": 8}, "pp_1f1b4"),
+    ("pp_1f1b2", {"action": "pipeline", "schedule": "gpipe", "microbatches": 8}, "pp_gpipe2"),
+    ("pp_gpipe2", {"action": "pipeline", "schedule": "1f1b", "microbatches": 8}, "pp_1f1b2"),
     # the re-run must hold the same model: pp_int4 has 8 layers (8 stages of 1), pp_1f1b4 only 4
     ("pp_1f1b4_l2", {"action": "pipeline", "schedule": "interleaved1f1b", "microbatches": 8, "stages_per_rank": 2},
      "pp_int4"),
@@ -102,12 +113,12 @@ SHIPPED_STRUCTURAL = [
 ]
 
 
-def all_runs(cases, repeats: int) -> list[tuple[str, Case]]:
+def all_runs(cases, repeats: int, fault_repeats: int = 1) -> list[tuple[str, Case]]:
+    """(recording name, case): a clean case ``repeats`` times, a fault case ``fault_repeats`` times."""
     out = []
     for c in cases:
         out.append((c.name, c))
-        if c.twin is None:
-            out += [(f"{c.name}_r{i}", c) for i in range(1, repeats)]
+        out += [(f"{c.name}_r{i}", c) for i in range(1, repeats if c.twin is None else fault_repeats)]
     return out
 
 
@@ -257,6 +268,7 @@ def main(argv=None) -> int:
     p.add_argument("--cached-only", action="store_true",
                    help="record and analyse nothing: score the runs already analysed in the cache")
     p.add_argument("--repeats", type=int, default=2, help="recordings of each clean run (spread)")
+    p.add_argument("--fault-repeats", type=int, default=1, help="recordings of each fault run (each scored)")
     p.add_argument("--record-only", action="store_true")
     p.add_argument("--cache", default="default",
                    help="name of the analysis cache (CORPUS/analysis-NAME: store and per-run results); a new name "
@@ -275,9 +287,14 @@ def main(argv=None) -> int:
     if a.cached_only:
         done = {p.stem for p in (cache / "reports").glob("*.json")}
         cases = [c for c in cases if c.name in done and (c.twin is None or c.twin in done)]
+        a.fault_repeats = max([a.fault_repeats] + [int(n.rsplit("_r", 1)[1]) + 1 for c in cases if c.twin
+                                                   for n in done if n.startswith(c.name + "_r")
+                                                   and n.rsplit("_r", 1)[1].isdigit()])
     t0 = time.perf_counter()
     run_dirs, failed = {}, []
-    for name, case in all_runs(cases, a.repeats):
+    for name, case in all_runs(cases, a.repeats, a.fault_repeats):
+        if a.cached_only and not (corpus / "runs" / name / "manifest.json").exists():
+            continue   # --cached-only records nothing
         try:
             run_dirs[name] = record(corpus, name, case)
         except LaunchError as exc:
@@ -287,12 +304,12 @@ def main(argv=None) -> int:
     if a.record_only:
         return 1 if failed else 0
     docs = {}
-    for name, case in all_runs(cases, a.repeats):
+    for name, case in all_runs(cases, a.repeats, a.fault_repeats):
         if name not in run_dirs:
             continue
         gt = json.loads((run_dirs[name] / "manifest.json").read_text()).get("ground_truth", {})
         truth = sc.truth(gt)
-        docs[name] = analyse(cache, name, run_dirs[name], truth, full=name == case.name)
+        docs[name] = analyse(cache, name, run_dirs[name], truth, full=name == case.name or case.twin is not None)
     shipped = Path(__file__).resolve().parents[1] / "traces"
     run_dirs.update({r: shipped / r for pair in SHIPPED_STRUCTURAL for r in (pair[0], pair[2])})
     plans = structural(cache, [s for s in STRUCTURAL + SHIPPED_STRUCTURAL if s[0] in run_dirs], run_dirs)

@@ -143,7 +143,8 @@ def score_clean(doc: dict) -> dict:
 
 
 def score_corpus(docs: dict, twins: dict, not_clean=(), structural=()) -> dict:
-    """Every score of a corpus. ``docs``: run name -> doc (repeats of clean run X are named ``X_ri``);
+    """Every score of a corpus. ``docs``: run name -> doc (repeats of run X are named ``X_ri``; each
+    repeat of a fault run is scored on its own);
     ``twins``: case name -> its clean twin (None for clean cases)."""
     def repeats(name):
         return [d for n, d in docs.items() if re.fullmatch(re.escape(name) + r"(_r\d+)?", n)]
@@ -156,9 +157,10 @@ def score_corpus(docs: dict, twins: dict, not_clean=(), structural=()) -> dict:
             if name not in not_clean:
                 clean += [score_clean(d) for d in repeats(name) if "report" in d]
             continue
-        t = truth(docs[name].get("ground_truth", {}))
-        if t is not None:
-            faults.append(score_fault(docs[name], repeats(twin), t))
+        for d in repeats(name):   # every recording of the fault, each against the twin's repeats
+            t = truth(d.get("ground_truth", {}))
+            if t is not None and "report" in d:
+                faults.append(score_fault(d, repeats(twin), t))
     plans = []
     for p in structural:
         if "error" in p:

@@ -90,8 +90,9 @@ def _source_files(source_dir: str) -> list[str]:
     return files
 
 
-def generate(source_dir: str, out_dir: Path, ranks: int, events_per_rank: int) -> dict:
-    """Write ``ranks`` trace files (rank{R}.trace.json) forming one job; returns a manifest."""
+def generate(source_dir: str, out_dir: Path, ranks: int, events_per_rank: int, only_ranks=None) -> dict:
+    """Write ``ranks`` trace files (rank{R}.trace.json) forming one job; returns a manifest.
+    ``only_ranks``: write only these ranks' files (the job is still ``ranks`` wide)."""
     import msgspec
 
     srcs = [_load_source(f) for f in _source_files(source_dir)]
@@ -210,6 +211,8 @@ def generate(source_dir: str, out_dir: Path, ranks: int, events_per_rank: int) -
         del chunks
         header_keys = [k for k in doc if k not in ("traceEvents", "distributedInfo")]
         for r in range(si, ranks, n_src):
+            if only_ranks is not None and r not in only_ranks:
+                continue
             di = dict(dist, rank=r)
             head = {"distributedInfo": di} | {k: doc[k] for k in header_keys}
             path = out_dir / f"rank{r}.trace.json"

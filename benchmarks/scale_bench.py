@@ -85,6 +85,9 @@ def main(argv=None) -> int:
     ap.add_argument("--one-connection", action="store_true", help="also today's one-connection analyze")
     ap.add_argument("--report", action="store_true", help="also `report --no-replay`")
     ap.add_argument("--timeout", type=float, default=3600)
+    ap.add_argument("--parts", action="store_true",
+                    help="generate the job as collector-written Parquet parts (scale_parts.py), no JSON: ingest "
+                         "validates and commits")
     ap.add_argument("--reuse-store", action="store_true", help="keep a store ingested by an earlier run (no ingest)")
     ap.add_argument("--append", action="store_true", help="append the table to benchmarks/RESULTS.md")
     ap.add_argument("--json-out", type=Path)
@@ -94,8 +97,12 @@ def main(argv=None) -> int:
     machine = harness.machine_line()
     rows = []
     for n in [int(x) for x in args.ranks.split(",")]:
-        gen = ab._ensure_input(SimpleNamespace(source_dir=args.source_dir, ranks=n,
-                                               events_per_rank=args.events_per_rank), args.workdir)
+        if args.parts:   # the job as the collectors leave it: Parquet parts on every rank, no JSON
+            import scale_parts
+            gen = scale_parts.make(args.source_dir, args.workdir / f"parts-{n}", n, args.events_per_rank)
+        else:
+            gen = ab._ensure_input(SimpleNamespace(source_dir=args.source_dir, ranks=n,
+                                                   events_per_rank=args.events_per_rank), args.workdir)
         store = str(args.workdir / f"store-{n}")
         reused = args.reuse_store and (Path(store) / "_store.json").exists()
         spec = {"input": gen["dir"], "store": store, "dask": args.dask, "reused": reused}
@@ -131,10 +138,13 @@ def _gb(kb) -> str:
 def render(rows: list[dict], args, start: str, machine: str) -> str:
     out = [f"\n## Scale: per-rank map, cross-rank reduce (issue 18 parts 4 and 6): `benchmarks/scale_bench.py`, {start}\n",
            f"- command: `python benchmarks/scale_bench.py --ranks {args.ranks} --events-per-rank {args.events_per_rank} "
-           f"--dask {args.dask}{' --one-connection' if args.one_connection else ''}{' --report' if args.report else ''}`",
+           f"--dask {args.dask}{' --parts' if args.parts else ''}{' --one-connection' if args.one_connection else ''}"
+           f"{' --report' if args.report else ''}`",
            f"- machine: {machine} (shared with other sessions' work: times are noisy)",
            f"- input: N ranks generated from `{args.source_dir}` (rank r = source r mod 8, repeated in time), "
-           f">= {args.events_per_rank:,} events per rank; every phase in its own process tree, peak RSS polled per process\n",
+           f">= {args.events_per_rank:,} events per rank"
+           + ("; written as the collectors write it (Parquet parts per rank, no JSON: `scale_parts.py`)" if args.parts else "")
+           + "; every phase in its own process tree, peak RSS polled per process\n",
            "| ranks | events | phase | time (s) | per rank (ms) | peak RSS driver | peak RSS largest worker | rows |",
            "|---:|---:|---|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -147,6 +157,12 @@ def render(rows: list[dict], args, start: str, machine: str) -> str:
             per = f"{1000 * secs / r['ranks']:.0f}" if p.get("ok") else "n/a"
             out.append(f"| {r['ranks']} | {r.get('events', 0):,} | {name} | {t} | {per} | {_gb(p.get('polled_peak_kb'))} | "
                        f"{_gb(p.get('polled_worker_peak_kb'))} | {p.get('rows') or ''} |")
+    for r in rows:   # end to end: what a user waits for (ingest + the first analyze + the report)
+        parts = [r.get(k) for k in ("ingest", "analyze", "report")]
+        if all(p and p.get("ok") for p in parts):
+            total = sum(p.get("seconds") or p.get("wall_seconds") for p in parts)
+            out.append(f"\n{r['ranks']} ranks end to end (ingest + analyze + report): {total:.0f} s "
+                       f"({1000 * total / r['ranks']:.0f} ms per rank)")
     return "\n".join(out) + "\n"
 
 

@@ -133,6 +133,11 @@ def test_wrong_analyses_score_lower(scored):
     assert s["whatif_ok"] == 0 and s["s_ok"] == 0 and s["score"] < g["score"]
     assert "| overall |" in sc.render(right)
 
+    repeated = copy.deepcopy(scored)       # a second recording of the fault, scored on its own
+    repeated[FAULT + "_r1"] = copy.deepcopy(swapped[FAULT])
+    s = sc.score_corpus(repeated, twins)["summary"]["overall"]
+    assert (s["cases"], s["detected"], s["victims"]) == (2, 1, 1) and s["score"] < r["score"]
+
 
 def test_pipeline_whatif_matches_the_clean_twin(scored):
     """'Idealise rank 1' on the 1F1B run whose rank 1 sleeps: the predicted step against the clean
