@@ -14,9 +14,9 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from conftest import EXTERNAL, need_external
 
 import traceanalyzer as ta
-from conftest import EXTERNAL, need_external
 from traceanalyzer.analyses import connect, prepare, summaries
 from traceanalyzer.analyses.results import analyze
 from traceanalyzer.store import files as st

@@ -11,8 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import traceanalyzer as ta
 from conftest import TRACES
+
+import traceanalyzer as ta
 from traceanalyzer.store import files as st
 from traceanalyzer.store import writers
 from traceanalyzer.store.check import check_store
