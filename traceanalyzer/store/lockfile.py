@@ -59,7 +59,7 @@ def create(lock: Path) -> bool:
     finally:
         try:
             tmp.unlink()
-        except FileNotFoundError:
+        except OSError:  # never made (the error above says why), or already collected
             pass
     return _create_then_write(lock, text)  # no hard links here
 
