@@ -50,7 +50,8 @@ def critical_path(store_or_con, run: str | None = None, step: int | None = None,
     steps = con.execute(f"""SELECT p.run, p.rank, p.step, p.step_start_ns + coalesce(o.offset_ns, 0) AS step_start_ns,
                                    p.step_end_ns + coalesce(o.offset_ns, 0) AS step_end_ns
                             FROM step_phases p LEFT JOIN clock_offsets o ON o.run = p.run AND o.rank = p.rank
-                            WHERE true {_where(run, step, 'p.')[0]}""", args).df()
+                            WHERE true {_where(run, step, 'p.')[0]}
+                            ORDER BY p.run, p.step, p.rank""", args).df()  # ties of the latest end: the lowest rank
     # where each rank waited: collectives it did not arrive last at, receives posted before their send
     sync = con.execute(f"""
         SELECT r.run, r.step, r.rank, r.last_arrival_ns AS release_ns, i.last_arriver AS next_rank,
@@ -60,11 +61,12 @@ def critical_path(store_or_con, run: str | None = None, step: int | None = None,
         WHERE r.n_ranks > 1 AND r.step IS NOT NULL AND i.last_arriver <> r.rank {_where(run, step, 'r.')[0]}
         UNION ALL
         SELECT run, step, dst_rank, recv_release_ns, src_rank, send_arrival_ns, 'recv', pg, p2p_seq
-        FROM p2p_transfers WHERE step IS NOT NULL AND recv_wait_ns > 0 {where}""", args).df()
+        FROM p2p_transfers WHERE step IS NOT NULL AND recv_wait_ns > 0 {where}
+        ORDER BY run, step, rank, release_ns, next_ns, next_rank, via_pg, via_seq, via_op""", args).df()
     rows = []
-    # sorted once: per (run, step), per rank, by (release, next arrival); the walk reads only the
-    # rows it visits (no Python object per synchronisation point: a step of thousands of ranks has millions)
-    sync = sync.sort_values(["run", "step", "rank", "release_ns", "next_ns"], kind="stable").reset_index(drop=True)
+    # sorted once (a total order: the same path whatever order the rows came in): per (run, step),
+    # per rank, by (release, next arrival); the walk reads only the rows it visits (no Python
+    # object per synchronisation point: a step of thousands of ranks has millions)
     sync_by_step = sync.groupby(["run", "step"], sort=False).indices
     for (run_name, step_no), st in steps.groupby(["run", "step"], sort=True):
         idx = sync_by_step.get((run_name, step_no))
@@ -145,4 +147,5 @@ def critical_path_summary(store_or_con, run: str | None = None, step: int | None
     totals = path.groupby(["run", "step"])["dur_ns"].sum()
     df["path_pct"] = [100.0 * v / totals.loc[(r, s)] if totals.loc[(r, s)] else 0.0
                       for r, s, v in zip(df["run"], df["step"], df["path_ns"])]
-    return df.sort_values(["run", "step", "path_ns"], ascending=[True, True, False]).reset_index(drop=True)
+    return df.sort_values(["run", "step", "path_ns", "rank", "label"],
+                          ascending=[True, True, False, True, True]).reset_index(drop=True)

@@ -159,6 +159,7 @@ def check_store(store: str | os.PathLike, repair: bool = False) -> CheckReport:
                 fixed = healthy(store, manifest, warn=False)
                 _drop_results(fixed, report.bad_results)
                 fixed.generation += 1
+                writers.retire(manifest, fixed)  # what is still whole there, a reader may be reading
                 st.write_manifest(store, fixed)
                 manifest = fixed
             st.collect_garbage(store, manifest)
@@ -206,14 +207,16 @@ def _inspect(store: Path, manifest: st.Manifest) -> CheckReport:
 
 
 def remove_run(store: str | os.PathLike, run: str) -> int:
-    """Remove every trace, per-process input and saved result of ``run`` in one atomic commit;
-    returns how many traces and inputs were listed."""
+    """Remove every trace, per-process input, saved result and summary of ``run`` in one atomic
+    commit; returns how many traces and inputs were listed. The files are retired, not deleted
+    (:func:`.writers.retire`): a reader that listed them (an analyze, a notebook's ``ta.open``)
+    keeps reading them for RETIRED_KEEP_S, also when the run is ingested again meanwhile."""
     store = st.location(store)
     if not st.has_manifest(store):
         raise StoreError(_no_store(store))
     st.check_writable(store)
-    with st.locked(store):
-        manifest = st.read_manifest(store)
+
+    def change(manifest: st.Manifest) -> int:
         runs = sorted({t.get("run") for t in manifest.traces + manifest.sidecars})
         if run not in runs:
             raise StoreError(f"{store}: {no_run_message(run, runs)}")
@@ -222,7 +225,6 @@ def remove_run(store: str | os.PathLike, run: str) -> int:
         manifest.sidecars = [t for t in manifest.sidecars if t.get("run") != run]
         for r in manifest.extra.get("results", {}).values():
             r["files"] = {k: v for k, v in r.get("files", {}).items() if k != run}
-        manifest.generation += 1
-        st.write_manifest(store, manifest)  # the commit point: the files go after it
-        st.collect_garbage(store, manifest)
-    return n
+        manifest.extra.get("summaries", {}).pop(run, None)
+        return n
+    return writers.update(store, change, wait_s=0)  # the commit point; garbage collection keeps the retired files

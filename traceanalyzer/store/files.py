@@ -33,6 +33,7 @@ import pyarrow as pa
 from .. import __version__
 from .. import schema as S
 from ..errors import StoreError
+from . import lockfile
 from .location import Remote
 from .location import location as _location
 
@@ -185,37 +186,32 @@ def locked(store: Path, wait_s: float = 0):
     deadline, pause, stale = time.monotonic() + wait_s, 0.02, 0
     while True:
         try:
-            fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            break
+            if lockfile.create(lock):  # the lock appears with its owner written in it
+                break
         except OSError as exc:
-            if not isinstance(exc, FileExistsError):
-                raise StoreError(f"{store}: cannot take the store lock {lock} ({exc.strerror or exc})") from None
-            host, pid = lock_owner(lock)
-            if not pid and stale < 50:  # being written this instant, or left empty by a full disk
-                stale += 1
-                time.sleep(0.01)
+            raise StoreError(f"{store}: cannot take the store lock {lock} ({exc.strerror or exc})") from None
+        found = lockfile.identity(lock)
+        host, pid = lock_owner(lock)
+        if not pid and stale < 50:  # left empty by an older writer or a full disk (or written this instant)
+            stale += 1
+            time.sleep(0.01)
+            continue
+        if owner_alive(host, pid):
+            if time.monotonic() < deadline:
+                time.sleep(pause)
+                pause = min(0.5, pause * 1.5)
                 continue
-            if owner_alive(host, pid):
-                if time.monotonic() < deadline:
-                    time.sleep(pause)
-                    pause = min(0.5, pause * 1.5)
-                    continue
-                on = f" on {host}" if host and host != socket.gethostname() else ""
-                waited = f" (waited {wait_s:g} s)" if wait_s else ""
-                raise StoreError(f"{store}: another process (pid {pid}{on}: an ingest, an analyze's commit or an rm) "
-                                 f"is writing this store{waited}; wait for it, or remove {lock} if that process is "
-                                 f"gone") from None
-            lock.unlink(missing_ok=True)
+            on = f" on {host}" if host and host != socket.gethostname() else ""
+            waited = f" (waited {wait_s:g} s)" if wait_s else ""
+            raise StoreError(f"{store}: another process (pid {pid}{on}: an ingest, an analyze's commit or an rm) "
+                             f"is writing this store{waited}; wait for it, or remove {lock} if that process is "
+                             f"gone") from None
+        # its process is gone: removed by one process at a time, if still that same stale file
+        lockfile.break_stale(lock, found, lambda: lock_owner(lock) == (host, pid) and not owner_alive(host, pid))
     try:
-        try:
-            os.write(fd, f"{socket.gethostname()}:{os.getpid()}".encode())
-        except OSError as exc:  # disk full: an empty lock file is taken over as stale
-            raise StoreError(f"{store}: cannot write the store lock {lock} ({exc.strerror or exc})") from None
-        finally:
-            os.close(fd)
         yield
     finally:
-        lock.unlink(missing_ok=True)
+        lockfile.release(lock)
 
 
 def lock_owner(lock: Path) -> tuple[str | None, int]:

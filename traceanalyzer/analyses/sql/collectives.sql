@@ -47,20 +47,20 @@ WINDOW w AS (PARTITION BY run, pg, seq);
 -- all_to_all (n-1)/n; others 1).
 CREATE OR REPLACE TEMP VIEW collective_instances AS
 SELECT run, pg, seq,
-       mode(op) AS op, mode(step) AS step,
+       mode(op ORDER BY op) AS op, mode(step ORDER BY step) AS step,
        count(*) AS n_ranks, max(group_size) AS group_size,
        count(*) >= coalesce(max(group_size), count(*)) AS complete,
        max(bytes) AS bytes,
        min(arrival_ns) AS first_arrival_ns, max(arrival_ns) AS last_arrival_ns,
        max(arrival_ns) - min(arrival_ns) AS arrival_skew_ns,
-       arg_max(rank, arrival_ns * 1.0 - rank * 1e-6) AS last_arriver,
+       min(rank) FILTER (WHERE arrival_ns = last_arrival_ns) AS last_arriver,
        greatest(min(end_ns) - max(arrival_ns), 0) AS transfer_ns,
        sum(wait_ns) AS total_wait_ns,
        max(bytes) / nullif(greatest(min(end_ns) - max(arrival_ns), 0), 0) AS algbw_gbps,
        max(bytes) / nullif(greatest(min(end_ns) - max(arrival_ns), 0), 0) *
            CASE WHEN count(*) <= 1 THEN 1.0
-                WHEN mode(op) = 'all_reduce' THEN 2.0 * (count(*) - 1) / count(*)
-                WHEN mode(op) IN ('all_gather', 'reduce_scatter', 'all_to_all') THEN (count(*) - 1.0) / count(*)
+                WHEN mode(op ORDER BY op) = 'all_reduce' THEN 2.0 * (count(*) - 1) / count(*)
+                WHEN mode(op ORDER BY op) IN ('all_gather', 'reduce_scatter', 'all_to_all') THEN (count(*) - 1.0) / count(*)
                 ELSE 1.0 END AS busbw_gbps
 FROM collective_ranks
 GROUP BY run, pg, seq;

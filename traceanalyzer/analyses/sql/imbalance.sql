@@ -28,7 +28,8 @@ WITH per_rank AS (
 )
 SELECT run, step, count(*) AS n_ranks, avg(compute_ns) AS mean_ns, max(compute_ns) AS max_ns,
        min(compute_ns) AS min_ns, max(compute_ns) / nullif(avg(compute_ns), 0) AS max_over_mean,
-       stddev_pop(compute_ns) / nullif(avg(compute_ns), 0) AS cv, arg_max(rank, (compute_ns, -rank)) AS max_rank
+       stddev_pop(compute_ns) / nullif(avg(compute_ns), 0) AS cv,
+       arg_max(rank, (compute_ns, -rank)) FILTER (WHERE compute_ns IS NOT NULL) AS max_rank  -- (NULL, r) > (x, r)
 FROM per_rank GROUP BY ALL;
 
 -- Per rank: compute relative to the mean of its peers, median over steps; the finding rows.
@@ -49,7 +50,8 @@ WITH per_rank AS (
     GROUP BY a.run, a.rank, a.step
 ),
 peer_steps AS (
-    SELECT run, peers, step, avg(compute_ns) AS mean_ns, arg_max(rank, (compute_ns, -rank)) AS max_rank
+    SELECT run, peers, step, avg(compute_ns) AS mean_ns,
+           arg_max(rank, (compute_ns, -rank)) FILTER (WHERE compute_ns IS NOT NULL) AS max_rank
     FROM per_rank GROUP BY ALL
 ),
 rel AS (
@@ -94,7 +96,7 @@ r AS (
     FROM a
 )
 SELECT *, coalesce(greatest(sent_over_mean, recv_over_mean) >= getvariable('imbalance_min_ratio'), false) AS is_finding,
-       row_number() OVER (PARTITION BY run ORDER BY greatest(sent_over_mean, recv_over_mean) DESC NULLS LAST) AS rank_order
+       row_number() OVER (PARTITION BY run ORDER BY greatest(sent_over_mean, recv_over_mean) DESC NULLS LAST, rank) AS rank_order
 FROM r;
 
 -- Imbalance per op type: for each kernel (GPU) or CPU operator name, its time per rank and step,

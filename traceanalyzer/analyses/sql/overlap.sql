@@ -62,22 +62,23 @@ WITH intervals AS (
 ),
 covering AS (
     SELECT i.run, i.rank, i.window_id, i.step, i.lo_ns,
-           arg_max(a.comm_id, least(a.hi_ns, i.hi_ns) - greatest(a.lo_ns, i.lo_ns)) AS comm_id,
-           arg_max(a.name, least(a.hi_ns, i.hi_ns) - greatest(a.lo_ns, i.lo_ns)) AS comm_name
+           -- the interval covering most; a tie: the earliest, then by name (one row for both columns)
+           first(a.comm_id ORDER BY least(a.hi_ns, i.hi_ns) - greatest(a.lo_ns, i.lo_ns) DESC, a.lo_ns, a.name, a.comm_id) AS comm_id,
+           first(a.name ORDER BY least(a.hi_ns, i.hi_ns) - greatest(a.lo_ns, i.lo_ns) DESC, a.lo_ns, a.name, a.comm_id) AS comm_name
     FROM intervals i JOIN activity_intervals a
       ON a.run = i.run AND a.rank = i.rank AND a.window_id = i.window_id AND a.category = 'comm'
      AND a.lo_ns < i.hi_ns AND a.hi_ns > i.lo_ns
     GROUP BY ALL
 ),
 before AS (
-    SELECT i.run, i.rank, i.window_id, i.lo_ns, arg_max(a.name, a.hi_ns) AS compute_before
+    SELECT i.run, i.rank, i.window_id, i.lo_ns, arg_max(a.name, (a.hi_ns, a.name)) AS compute_before
     FROM intervals i JOIN activity_intervals a
       ON a.run = i.run AND a.rank = i.rank AND a.window_id = i.window_id AND a.category = 'compute'
      AND a.hi_ns <= i.lo_ns AND a.hi_ns > i.lo_ns - getvariable('exposed_context_max_ns')
     GROUP BY ALL
 ),
 after AS (
-    SELECT i.run, i.rank, i.window_id, i.lo_ns, arg_min(a.name, a.lo_ns) AS compute_after
+    SELECT i.run, i.rank, i.window_id, i.lo_ns, arg_min(a.name, (a.lo_ns, a.name)) AS compute_after
     FROM intervals i JOIN activity_intervals a
       ON a.run = i.run AND a.rank = i.rank AND a.window_id = i.window_id AND a.category = 'compute'
      AND a.lo_ns >= i.hi_ns AND a.lo_ns < i.hi_ns + getvariable('exposed_context_max_ns')
@@ -126,6 +127,6 @@ serial AS (
      AND a.enqueue_ts_ns >= p.bwd_end_ns AND a.enqueue_ts_ns < p.opt_start_ns
 )
 SELECT run, rank, step, any_value(backward_ns)::BIGINT AS backward_ns, count(*) AS n_serial,
-       sum(transfer_ns)::BIGINT AS serial_transfer_ns, arg_max(transfer_ns, enqueue_ts_ns)::BIGINT AS last_transfer_ns,
-       (sum(transfer_ns) - arg_max(transfer_ns, enqueue_ts_ns))::BIGINT AS overlappable_ns
+       sum(transfer_ns)::BIGINT AS serial_transfer_ns, arg_max(transfer_ns, (enqueue_ts_ns, transfer_ns))::BIGINT AS last_transfer_ns,
+       (sum(transfer_ns) - arg_max(transfer_ns, (enqueue_ts_ns, transfer_ns)))::BIGINT AS overlappable_ns
 FROM serial GROUP BY run, rank, step;

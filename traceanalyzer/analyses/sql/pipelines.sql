@@ -50,7 +50,7 @@ WITH ann AS (
 first_stage_sends AS (  -- sends per step of the rank that sends first (the first stage), per pipeline
     SELECT run, pipeline_id, median(n) AS m FROM (
         SELECT run, pipeline_id, step, rank, n,
-               row_number() OVER (PARTITION BY run, pipeline_id, step ORDER BY first_ts) AS k
+               row_number() OVER (PARTITION BY run, pipeline_id, step ORDER BY first_ts, rank) AS k
         FROM (SELECT c.run, m.pipeline_id, a.aligned_step AS step, c.rank, count(*) AS n, min(c.enqueue_ts_ns) AS first_ts
               FROM comms c JOIN _pipeline_members m USING (run, rank)
               JOIN step_alignment a USING (run, rank, window_id, step)

@@ -32,7 +32,7 @@ WITH RECURSIVE sync AS MATERIALIZED (  -- comms read once (a run of thousands of
                                 OR is_p2p AND op IN ('send', 'recv') AND src_rank IS NOT NULL AND dst_rank IS NOT NULL)
 ),
 coll AS MATERIALIZED (SELECT run, pg, seq, rank, window_id, step FROM sync WHERE NOT is_p2p),
-anchor AS (SELECT run, pg, seq, arg_min(rank::BIGINT * 1000000 + window_id, rank) AS node FROM coll GROUP BY ALL),
+anchor AS (SELECT run, pg, seq, min(rank::BIGINT * 1000000 + window_id) AS node FROM coll GROUP BY ALL),
 p2p AS MATERIALIZED (SELECT run, op, pg, src_rank, dst_rank, tag, p2p_seq, rank, window_id, step FROM sync WHERE is_p2p),
 links AS (  -- (window a, window b, d = step on a - step on b) per shared synchronisation point
     SELECT c.run, c.rank AS a_rank, c.window_id AS a_win, b.rank AS b_rank, b.window_id AS b_win, c.step - b.step AS d
@@ -46,7 +46,7 @@ links AS (  -- (window a, window b, d = step on a - step on b) per shared synchr
     WHERE r.op = 'recv' AND r.rank = r.dst_rank
 ),
 edges AS (
-    SELECT run, a_rank, a_win, b_rank, b_win, mode(d) AS d FROM links GROUP BY ALL
+    SELECT run, a_rank, a_win, b_rank, b_win, mode(d ORDER BY d) AS d FROM links GROUP BY ALL  -- a tie: the smallest d (mode() alone: the first seen)
 ),
 both_ways AS (
     SELECT run, a_rank, a_win, b_rank, b_win, d FROM edges
@@ -74,11 +74,11 @@ reach(run, root, rank, window_id, delta, hop) AS (  -- walks from the references
     WHERE r.hop < getvariable('step_alignment_max_hops')
 ),
 component AS (  -- each window's delta from its reference, by the shortest walk
-    SELECT x.run, x.rank, x.window_id, arg_min(x.delta, x.hop) AS delta, x.root
+    SELECT x.run, x.rank, x.window_id, arg_min(x.delta, (x.hop, x.delta)) AS delta, x.root
     FROM reach x JOIN reference f ON f.run = x.run AND f.rank = x.rank AND f.window_id = x.window_id AND f.root = x.root
     GROUP BY x.run, x.rank, x.window_id, x.root
 ),
-shifted AS (SELECT *, delta - mode(delta) OVER (PARTITION BY run, root) AS shift FROM component)
+shifted AS (SELECT *, delta - mode(delta ORDER BY delta) OVER (PARTITION BY run, root) AS shift FROM component)
 SELECT s.run, s.rank, s.window_id, s.step, CAST(s.step + coalesce(x.shift, 0) AS INTEGER) AS aligned_step
 FROM steps s LEFT JOIN shifted x USING (run, rank, window_id);
 

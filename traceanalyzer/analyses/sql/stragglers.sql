@@ -186,12 +186,12 @@ WITH per_rank AS (
     FROM straggler_steps GROUP BY ALL
 ),
 where_slow AS (
-    SELECT run, rank, arg_max(phase, excess) AS phase, max(excess) AS phase_excess_ns_per_step
+    SELECT run, rank, arg_max(phase, (excess, phase)) FILTER (WHERE excess IS NOT NULL) AS phase, max(excess) AS phase_excess_ns_per_step
     FROM (SELECT run, rank, phase, median(excess_ns) AS excess FROM _phase_excess GROUP BY ALL)
     GROUP BY ALL
 ),
 where_named AS (  -- per rank and phase: the range with the largest median excess (> 0)
-    SELECT run, rank, phase, arg_max(name, excess) AS annotation, max(excess) AS annotation_excess_ns_per_step
+    SELECT run, rank, phase, arg_max(name, (excess, name)) AS annotation, max(excess) AS annotation_excess_ns_per_step
     FROM (SELECT run, rank, phase, name, median(excess_ns) AS excess FROM _user_annotation_excess GROUP BY ALL)
     WHERE excess > 0
     GROUP BY ALL
@@ -206,7 +206,7 @@ LEFT JOIN where_named n ON n.run = p.run AND n.rank = p.rank AND n.phase = w.pha
 
 CREATE OR REPLACE TEMP VIEW straggler_findings AS
 SELECT * EXCLUDE (phase_excess_pct),
-       row_number() OVER (PARTITION BY run ORDER BY delay_ns_per_step DESC) AS rank_order
+       row_number() OVER (PARTITION BY run ORDER BY delay_ns_per_step DESC, rank) AS rank_order
 FROM straggler_candidates
 WHERE delay_pct >= getvariable('straggler_min_delay_pct')
   AND delay_ns_per_step >= getvariable('straggler_min_delay_ns')

@@ -1,0 +1,59 @@
+"""Issue 18 part 2: a run removed and ingested again while a reader holds the old listing. The
+reader (a notebook's ``ta.open``, an analyze) listed the run's files before; ``rm`` and the new
+ingest run in other processes; the reader's queries still read the files it listed (retired for
+RETIRED_KEEP_S, not deleted), a new reader sees the new run, and garbage collection removes the
+old files once RETIRED_KEEP_S has passed."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from conftest import TRACES
+
+import traceanalyzer as ta
+from traceanalyzer.store import files as st
+from traceanalyzer.store import writers
+from traceanalyzer.store.check import check_store
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli(*args) -> str:
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-m", "traceanalyzer", *map(str, args)], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+def _events(session) -> tuple[int, int]:
+    return session.execute("SELECT count(*), sum(dur_ns) FROM events WHERE run = 'r'").fetchone()
+
+
+def test_a_reader_keeps_a_run_removed_and_ingested_again(tmp_path, monkeypatch):
+    store = tmp_path / "store"
+    ta.ingest([TRACES / "ddp_gloo_2rank"], store, run="r", progress=False, workers=1)
+    old_files = {f for t in st.read_manifest(store).traces for f in t["files"].values()}
+    reader = ta.open(store)
+    try:
+        before = _events(reader)
+        _cli("rm", store, "--run", "r")                                       # another process
+        _cli("ingest", TRACES / "ddp_gloo_2rank_imb1", "--store", store, "--run", "r")
+        manifest = st.read_manifest(store)
+        assert old_files <= set(manifest.extra["retired"]) and all((store / f).exists() for f in old_files)
+        assert _events(reader) == before                                      # the files it listed
+        with ta.open(store) as fresh:
+            assert _events(fresh) != before                                   # the new run
+    finally:
+        reader.close()
+    report = check_store(store)
+    assert report.ok, report.text()                                            # retired files are no junk
+    monkeypatch.setattr(writers, "RETIRED_KEEP_S", 0)                         # an hour later
+    st.collect_garbage(store, st.read_manifest(store))
+    assert not any((store / f).exists() for f in old_files)
+    assert json.loads((store / st.MANIFEST).read_text())["traces"]            # the new run stays
+    with ta.open(store) as fresh:
+        assert _events(fresh)[0] > 0
