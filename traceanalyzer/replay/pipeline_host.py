@@ -23,6 +23,21 @@ def busy_at_once(steps: pd.DataFrame, ranks_on_host: list) -> float:
     return float((s["own_ns"] / s["step_ns"]).mean()) if len(s) else float("nan")
 
 
+def shared_cpu_hosts(ranks: pd.DataFrame) -> dict[str, list[int]]:
+    """The hosts where several CPU-only ranks run (``ranks``: the store's ranks table, columns rank,
+    host, device): host -> its ranks. The one test of "ranks share a host's cores" (the report's
+    caveat uses it too)."""
+    if ranks.empty or not {"rank", "host", "device"} <= set(ranks.columns):
+        return {}
+    cpu = ranks[ranks["device"].astype(str).str.lower() == "cpu"]
+    out = {}
+    for host, g in cpu.groupby(cpu["host"].fillna("").astype(str)):
+        members = sorted({int(r) for r in g["rank"]})
+        if len(members) > 1:
+            out[host] = members
+    return out
+
+
 def shared_host_limits(con, run: str, steps: pd.DataFrame, changed: bool) -> list[str]:
     """One line per host whose CPU-only ranks of ``run`` share it, when the plan changes the
     recorded schedule (``changed``); empty otherwise. ``steps``: StageCosts.steps."""
@@ -32,10 +47,9 @@ def shared_host_limits(con, run: str, steps: pd.DataFrame, changed: bool) -> lis
         ranks = con.execute("SELECT rank, host, device FROM ranks WHERE run = $run", {"run": run}).df()
     except Exception:   # noqa: BLE001 - a connection without the ranks table: nothing to say
         return []
-    cpu = ranks[ranks["device"].astype(str).str.lower() == "cpu"]
     out = []
-    for host, g in cpu.groupby(cpu["host"].fillna("").astype(str)):
-        members = sorted(int(r) for r in g["rank"].unique() if int(r) in set(steps["rank"]))
+    for host, on_host in shared_cpu_hosts(ranks).items():
+        members = [r for r in on_host if r in set(steps["rank"])]
         if len(members) < 2:
             continue
         busy = busy_at_once(steps, members)

@@ -52,14 +52,11 @@ def shared_host_caveat(ranks: pd.DataFrame, replayed: bool) -> list[str]:
     rank's recorded durations and cannot know that: on 4-8 ranks on 2 cores, "idealise the culprit"
     missed the clean re-run by up to ~30 % for this reason alone (``benchmarks/accuracy.py``'s
     contention check). Said only when the report shows a what-if (``replayed``)."""
-    if not replayed or ranks.empty or not {"host", "device"} <= set(ranks.columns):
+    from ..replay.pipeline_host import shared_cpu_hosts
+    shared = shared_cpu_hosts(ranks) if replayed else {}
+    if not shared:
         return []
-    cpu = ranks[ranks["device"].astype(str).str.lower() == "cpu"]
-    per_host = cpu.groupby(cpu["host"].fillna("").astype(str))["rank"].nunique()
-    shared = per_host[per_host > 1]
-    if shared.empty:
-        return []
-    where = ", ".join(f"{n} on {h or 'an unnamed host'}" for h, n in shared.items())
+    where = ", ".join(f"{len(r)} on {h or 'an unnamed host'}" for h, r in shared.items())
     return [f"Ranks share a host's CPUs with no accelerator ({where}): one rank's slowdown speeds up or slows its "
             "core-mates, which the what-ifs (replayed with every rank's recorded durations) cannot know; on 4-8 ranks "
             "on 2 cores they missed real re-runs by up to ~30 % for this alone."]
