@@ -94,6 +94,7 @@ def add(path) -> Module:
     _EXTRA[name] = _module(name, path.read_text())
     modules.cache_clear()
     owner.cache_clear()
+    _scope_map.cache_clear()
     return _EXTRA[name]
 
 
@@ -102,6 +103,7 @@ def remove(name: str) -> None:
     _EXTRA.pop(name, None)
     modules.cache_clear()
     owner.cache_clear()
+    _scope_map.cache_clear()
 
 
 @lru_cache(maxsize=None)
@@ -133,6 +135,16 @@ def closure(names, provided=frozenset()) -> list[str]:
     for name in names:
         visit(name, ())
     return order
+
+
+@lru_cache(maxsize=None)
+def _scope_map() -> dict[str, str]:
+    return {v: sc for m in modules().values() for v, sc in m.scopes}
+
+
+def scope_of(view: str) -> str | None:
+    """The scope ``view`` declares (``-- scope:``), None for a cross-rank view."""
+    return _scope_map().get(view)
 
 
 def modules_for(views) -> list[str]:
@@ -200,9 +212,12 @@ def _drop(con, names) -> None:
     con.execute("DELETE FROM _ta_bound")
 
 
-def bind(con, names) -> list[str]:
+def bind(con, names, scopes=None) -> list[str]:
     """Make the views of modules ``names`` (and of what they require) in ``con``, each as a
-    temporary table, unless it holds them for its current variables; returns the modules made now."""
+    temporary table, unless it holds them for its current variables; returns the modules made now.
+    With ``scopes`` (a map task of :mod:`.summaries`: ``("rank",)``) only the views declaring one
+    of them are made: a module's cross-rank views, computed over one chunk of ranks, would be
+    thrown away (the reduce makes them over all ranks); the connection is then only good for those."""
     have = bound(con)
     given = provided(con)
     rank = {v for mod in modules().values() for v, sc in mod.scopes if sc == "rank"}
@@ -215,6 +230,8 @@ def bind(con, names) -> list[str]:
             m = _VIEW_RE.match(statement.query)
             if m and m.group(1) in given:
                 continue  # provided (or only read by provided views): read, not computed
+            if m and scopes is not None and scope_of(m.group(1)) not in scopes:
+                continue  # not wanted here (a map task: cross-rank views)
             table, made = _AS_TABLE_RE.subn(r"CREATE OR REPLACE TEMP TABLE \1 AS", statement.query, count=1)
             if m and made:  # made as a table at once: one bind and one run (a view first is one bind more)
                 con.execute(table)

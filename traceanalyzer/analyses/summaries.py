@@ -204,7 +204,7 @@ def map_task(store: str, run: str, ranks: list[int], params: dict, align: dict, 
         prepare(con, modules=[], **params)
         for view, (path, types) in align.items():
             M.provide(con, view, select([path], types) + f" WHERE run = '{_quote(run)}'")
-        prepare(con, views=views, **params)
+        M.bind(con, M.modules_for(views), scopes=("rank",))  # the modules' cross-rank views: the reduce's
         folder = Path(out) / f"rank={chunk_label(ranks)}"
         folder.mkdir(parents=True, exist_ok=True)
         return {v: (str(folder / f"{v}.parquet"), _write(con, v, folder / f"{v}.parquet")) for v in views}

@@ -62,6 +62,16 @@ pending_next AS (  -- a send, and the rank's first communication call after the 
     SELECT p.*, c.ts_ns AS next_call_ns
     FROM pending p ASOF LEFT JOIN calls c ON c.run = p.run AND c.rank = p.rank AND c.ts_ns >= p.hi_ns
 ),
+gap_spans AS (  -- where each step's gaps lie (from the first one's start to the last one's end)
+    SELECT run, rank, step, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns FROM gaps WHERE kind = 'gap' GROUP BY ALL
+),
+pending_steps AS MATERIALIZED (  -- each pending call with the steps whose gaps it may overlap: the gaps
+    -- are then matched per step (gaps x calls of one step), not every gap of a rank against every
+    -- call of it (gaps x calls of the rank: quadratic in the steps; materialised so that the join
+    -- order stays this one)
+    SELECT p.*, s.step FROM pending_next p
+    JOIN gap_spans s ON p.run = s.run AND p.rank = s.rank AND p.lo_ns < s.hi_ns AND p.hi_ns > s.lo_ns
+),
 charged AS (  -- the part of each gap during which a receive was pending (or the stage waited on a send), per peer
     -- gloo's send span stays open until the peer takes the data while the stage goes on with its own
     -- work (the next micro-batch, a delay of its own; torch's schedules wait on their sends only at the
@@ -75,7 +85,8 @@ charged AS (  -- the part of each gap during which a receive was pending (or the
                          OR (g.hi_ns >= p.hi_ns AND least(g.hi_ns, coalesce(p.next_call_ns, g.hi_ns))
                                                     <= p.hi_ns + getvariable('p2p_wait_max_tail_ns'))
                     THEN least(g.hi_ns, p.hi_ns) ELSE least(g.hi_ns, p.call_end_ns) END AS c_hi
-        FROM gaps g JOIN pending_next p ON p.run = g.run AND p.rank = g.rank AND p.lo_ns < g.hi_ns AND p.hi_ns > g.lo_ns
+        FROM gaps g JOIN pending_steps p ON p.run = g.run AND p.rank = g.rank AND p.step IS NOT DISTINCT FROM g.step
+         AND p.lo_ns < g.hi_ns AND p.hi_ns > g.lo_ns
         WHERE g.kind = 'gap')
     WHERE c_hi > c_lo
 ),
