@@ -220,7 +220,7 @@ def bind(con, names, scopes=None) -> list[str]:
     thrown away (the reduce makes them over all ranks); the connection is then only good for those."""
     have = bound(con)
     given = provided(con)
-    rank = {v for mod in modules().values() for v, sc in mod.scopes if sc == "rank"}
+    rank = {v for v, sc in _scope_map().items() if sc == "rank"}
     if given & rank:  # a reduce: the rank views not provided are read by rank views only (summaries)
         given = given | rank
     todo = [m for m in closure(names, given) if m not in have]
