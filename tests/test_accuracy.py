@@ -154,3 +154,29 @@ def test_pipeline_whatif_matches_the_clean_twin(scored):
 #: max(10 %, 2 x the clean 4-rank 1F1B runs' run-to-run spread measured by benchmarks/accuracy.py:
 #: 11 % for pp_1f1b4, RESULTS.md "Accuracy (session 14 final)")
 PIPELINE_WHATIF_TOL = max(sc.WHATIF_MIN_TOL, sc.SPREAD_FACTOR * 0.11)
+
+
+def test_structural_findings_and_faults_without_effect(scored):
+    """A structural finding on a clean pipeline counts as false unless its stage is heavier by
+    construction (the last stage: head and loss; or more layers); a fault recording that did not
+    measurably slow the step (within the twin's run-to-run range) is not scored for detection."""
+    twins = {FAULT: TWIN, TWIN: None}
+    gt = scored[TWIN]["ground_truth"]
+    last = gt["n_stages"] - 1
+    base = dict(scored[FAULT]["report"]["findings"][0], kind="structural")
+    for stage, false in ((last, 0), (0, 1)):
+        d = copy.deepcopy(scored)
+        d[TWIN]["report"]["findings"] = [dict(base, stage=stage, rank=stage)]
+        o = sc.score_corpus(d, twins)["summary"]["overall"]
+        assert (o["clean_with_findings"], o["clean_structural"]) == (false, 1 - false), stage
+    assert sc.structural_as_built({"kind": "structural", "stage": 1},
+                                  {"workload": "pipeline", "n_stages": 4, "layers_per_stage": [1, 2, 1, 1]})
+
+    none = copy.deepcopy(scored)   # the "fault" recording ran as fast as its twin: no measurable effect
+    none[FAULT]["measured_step_ns"] = scored[TWIN]["measured_step_ns"]
+    none[FAULT]["report"]["findings"] = []
+    f = sc.score_fault(none[FAULT], [none[TWIN]], sc.truth(none[FAULT]["ground_truth"]))
+    assert not f["measurable"] and not f["detected"]
+    o = sc.score_corpus(none, twins)["summary"]["overall"]
+    assert (o["cases"], o["measurable"], o["detected"]) == (1, 0, 0)
+    assert "(no effect)" in sc.render(sc.score_corpus(none, twins))
