@@ -52,6 +52,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     _s("straggler_persistent_pct", 50.0, "flagged in at least this % of steps: 'persistent', else 'sporadic'"),
     _s("imbalance_min_ratio", 1.1, "a rank is imbalanced when its compute is at least this times the mean of the ranks"),
     _s("imbalance_min_excess_pct", 5.0, "... and its excess over the mean is at least this % of the median step time"),
+    # 1.25: the usual MoE capacity factor; a trained router's balancing loss keeps experts within it, so
+    # a skew below it is the spread of a healthy router (1.11x on a clean 4-rank recording), not a fault
+    _s("routing_min_ratio", 1.25, "MoE routing skew: a rank that sends or receives at least this times the mean all_to_all bytes"),
     # the bulk of a step's compute: a training step's few matmuls, convolutions and their backward
     _s("same_work_top_ops", 8, "a rank above the imbalance thresholds is no imbalance when it ran the run's this many largest compute ops (by time per step) on the same input shapes, as often, as its peers (a slower host, not more work; work.sql)"),
     _s("seqlen_min_corr", 0.9, "forward/backward correlation across steps that signals sequence-length imbalance"),

@@ -299,7 +299,7 @@ _sql("all_to_all_balance", "all_to_all_balance", "run, rank_order", "MoE routing
     ("n_all_to_all", I64, "", "all_to_all ops"), ("sent_bytes", I64, "bytes", "bytes sent"),
     ("recv_bytes", I64, "bytes", "bytes received"), ("sent_over_mean", F64, "", "sent / mean of ranks"),
     ("recv_over_mean", F64, "", "received / mean of ranks"),
-    ("is_finding", BOOL, "", "sent or received >= imbalance_min_ratio x the mean"),
+    ("is_finding", BOOL, "", "sent or received >= routing_min_ratio x the mean"),
     ("rank_order", I64, "", "1 = most bytes over the mean")])
 _sql("seqlen_signal", "seqlen_signal", "run, rank", "Sequence-length imbalance signal: forward/backward correlation across steps.", _RUN_RANK + [
     ("steps", I64, "", "steps"), ("fwd_bwd_corr", F64, "", "Pearson correlation"), ("signal", BOOL, "", "above seqlen_min_corr")])

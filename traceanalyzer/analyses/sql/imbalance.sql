@@ -12,6 +12,8 @@
 --                             step time (default 5)
 --   seqlen_min_corr           forward and backward durations correlated at least this much across
 --                             steps suggest sequence-length imbalance (default 0.9)
+--   routing_min_ratio         MoE routing: a rank sending or receiving at least this times the mean
+--                             all_to_all bytes is a routing-skew finding (default 1.25)
 --
 -- A rank above these thresholds that ran the same operations on the same input shapes as its peers
 -- has a slower host, not more work: no finding (same_work, work.sql).
@@ -81,7 +83,7 @@ SELECT run, rank, count(*) AS steps, corr(forward_ns, backward_ns) AS fwd_bwd_co
 FROM step_phases GROUP BY ALL;
 
 -- MoE routing: all_to_all bytes sent and received per rank (from the recorded sizes of each
--- rank's input and output). A rank whose received (or sent) bytes are at least imbalance_min_ratio
+-- rank's input and output). A rank whose received (or sent) bytes are at least routing_min_ratio
 -- times the mean of the ranks is a finding: its experts get more tokens than the others'.
 -- Columns: run, rank, n_all_to_all, sent_bytes, recv_bytes, sent_over_mean, recv_over_mean,
 -- is_finding, rank_order (1 = most bytes over the mean).
@@ -95,7 +97,7 @@ r AS (
            recv_bytes / nullif(avg(recv_bytes) OVER (PARTITION BY run), 0) AS recv_over_mean
     FROM a
 )
-SELECT *, coalesce(greatest(sent_over_mean, recv_over_mean) >= getvariable('imbalance_min_ratio'), false) AS is_finding,
+SELECT *, coalesce(greatest(sent_over_mean, recv_over_mean) >= getvariable('routing_min_ratio'), false) AS is_finding,
        row_number() OVER (PARTITION BY run ORDER BY greatest(sent_over_mean, recv_over_mean) DESC NULLS LAST, rank) AS rank_order
 FROM r;
 
