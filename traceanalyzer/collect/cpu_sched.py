@@ -48,7 +48,8 @@ class Sampler:
 
     def __init__(self):
         self.samples: list[list[int]] = []
-        self.cost_ns = 0                  # time spent sampling, summed (what it costs the loop)
+        self.cost_ns = 0                  # wall time spent sampling, summed (what it costs the loop)
+        self.cost_cpu_ns = 0              # CPU time of it (the wall time less any wait for a core)
         self.truncated = False
         self._threads: dict[int, tuple[int, int]] = {}   # tid -> its last (run_ns, wait_ns)
         self.unavailable: str | None = None
@@ -68,7 +69,7 @@ class Sampler:
         if len(self.samples) >= MAX_SAMPLES:
             self.truncated = True
             return
-        t0 = time.perf_counter_ns()
+        t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
         try:
             ts_ns = time.time_ns()
             main = _read("/proc/thread-self/schedstat")
@@ -85,8 +86,10 @@ class Sampler:
             self.unavailable = f"CPU wait sampling stopped: {type(exc).__name__}: {exc}"
         finally:
             self.cost_ns += time.perf_counter_ns() - t0
+            self.cost_cpu_ns += time.thread_time_ns() - c0
 
     def to_manifest(self) -> dict:
         """The rank manifest's ``cpu_sched`` entry."""
         return {"columns": list(COLUMNS), "samples": self.samples, "cores": self.cores, "cpu_count": self.cpu_count,
-                "unavailable": self.unavailable, "truncated": self.truncated, "cost_ns": self.cost_ns}
+                "unavailable": self.unavailable, "truncated": self.truncated, "cost_ns": self.cost_ns,
+                "cost_cpu_ns": self.cost_cpu_ns}
