@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -40,11 +41,12 @@ def main(argv=None) -> int:
         res = launch(a.ranks, args, Path(tmp), timeout=600)
         load1 = os.getloadavg()
         folder, store = res.out_dir / "hc", res.out_dir.parent / "store"
-        cost, cpu = {}, {}
+        cost, cpu, mids = {}, {}, {}
         for r in range(a.ranks):
             cs = json.loads((folder / f"rank{r}.manifest.json").read_text())["cpu_sched"]
             cost[r] = cs["cost_ns"] / max(1, len(cs["samples"]))
             cpu[r] = cs["cost_cpu_ns"] / max(1, len(cs["samples"]))
+            mids[r] = statistics.median(s[cs["columns"].index("sample_ns")] for s in cs["samples"])
         con = connect(store)
         prepare(con, views=["host_cpu_ranks"])
         ranks = con.execute("SELECT * FROM host_cpu_ranks ORDER BY rank").df()
@@ -54,17 +56,17 @@ def main(argv=None) -> int:
              f"{machine_line()}; load before the run {load0[0]:.1f}, after {load1[0]:.1f} (1-min averages; other "
              f"helpers' jobs share the 2 cores). {steps} steps, medians over the {a.active} traced steps.\n",
              "| rank | cores usable / host | step (ms) | main thread CPU wait (ms/step) | wait % of step | "
-             "process wait, all threads (ms/step) | peers' median wait (ms/step) | sampler cost, wall / CPU (us/step) |",
+             "process wait, all threads (ms/step) | peers' median wait (ms/step) | sampler cost: mean wall / median wall / mean CPU (us/step) |",
              "|---|---|---|---|---|---|---|---|"]
     for r in ranks.itertuples():
         lines.append(f"| {r.rank} | {r.cores} / {r.cpu_count} | {r.step_ns_per_step / 1e6:.1f} | {r.wait_ns_per_step / 1e6:.2f} "
                      f"| {r.wait_pct:.1f} | {r.proc_wait_ns_per_step / 1e6:.2f} | {r.peers_wait_ns_per_step / 1e6:.2f} "
-                     f"| {cost[int(r.rank)] / 1e3:.0f} / {cpu[int(r.rank)] / 1e3:.0f} |")
+                     f"| {cost[int(r.rank)] / 1e3:.0f} / {mids[int(r.rank)] / 1e3:.0f} / {cpu[int(r.rank)] / 1e3:.0f} |")
     med = ranks["wait_pct"].median()
-    wall, own = sum(cost.values()) / len(cost), sum(cpu.values()) / len(cpu)
+    wall, own, mid = (sum(x.values()) / len(x) for x in (cost, cpu, mids))
     lines.append(f"\nMedian over ranks of the per-rank median wait share: {med:.1f} %. Sampler cost per step (mean over "
                  f"ranks): {wall / 1e3:.0f} us wall ({100 * wall / ranks['step_ns_per_step'].median():.2f} % of the median "
-                 f"step), {own / 1e3:.0f} us of CPU (the wall time includes waiting for a core).\n")
+                 f"step; median {mid / 1e3:.0f} us), {own / 1e3:.0f} us of CPU (the wall time includes waiting for a core).\n")
     text = "\n".join(lines)
     print(text)
     if a.append:

@@ -114,7 +114,7 @@ def test_no_samples_no_rows_no_caveat(shipped_store):
     ("not an object", "expected an object"),
     ({"columns": list(COLUMNS), "samples": [[1, 0, 2]]}, "sample 0 is [1, 0, 2]"),
     # cumulative counters that decrease: not what the collector writes
-    ({"columns": list(COLUMNS), "samples": [[10, 0, 5, 9, 5, 9, 3], [20, 1, 6, 8, 6, 8, 3]]}, "goes back"),
+    ({"columns": list(COLUMNS), "samples": [[10, 0, 5, 9, 5, 9, 3, 1], [20, 1, 6, 8, 6, 8, 3, 1]]}, "goes back"),
 ])
 def test_malformed_samples_are_one_line_naming_the_manifest(run_cli, tmp_path, entry, needle):
     folder = tmp_path / "run"

@@ -23,7 +23,7 @@ import os
 import time
 
 #: The columns of each sample (the manifest stores one list of these per sample).
-COLUMNS = ("ts_ns", "step", "proc_run_ns", "proc_wait_ns", "main_run_ns", "main_wait_ns", "n_threads")
+COLUMNS = ("ts_ns", "step", "proc_run_ns", "proc_wait_ns", "main_run_ns", "main_wait_ns", "n_threads", "sample_ns")
 #: Samples kept per rank: beyond this (a long job), sampling stops and the manifest says so
 #: (``truncated``); 100,000 samples are ~6 MB of manifest JSON.
 MAX_SAMPLES = 100_000
@@ -81,12 +81,16 @@ class Sampler:
                 raise OSError("/proc/thread-self/schedstat unreadable")
             run_ns = sum(r for r, _ in self._threads.values())
             wait_ns = sum(w for _, w in self._threads.values())
-            self.samples.append([ts_ns, int(step), run_ns, wait_ns, main[0], main[1], len(self._threads)])
+            row = [ts_ns, int(step), run_ns, wait_ns, main[0], main[1], len(self._threads), 0]
+            self.samples.append(row)
         except Exception as exc:  # noqa: BLE001 - sampling must never break the training loop
             self.unavailable = f"CPU wait sampling stopped: {type(exc).__name__}: {exc}"
-        finally:
-            self.cost_ns += time.perf_counter_ns() - t0
-            self.cost_cpu_ns += time.thread_time_ns() - c0
+            row = None
+        took = time.perf_counter_ns() - t0
+        if row is not None:
+            row[-1] = took   # sample_ns: the wall time this sample took
+        self.cost_ns += took
+        self.cost_cpu_ns += time.thread_time_ns() - c0
 
     def to_manifest(self) -> dict:
         """The rank manifest's ``cpu_sched`` entry."""
