@@ -299,6 +299,7 @@ def ingest(paths, store, run: str | None = None, rank: int | None = None, worker
             coll_groups.resolve(summaries)  # gloo collectives whose group no runloop thread told
             beside = [sidecars.Sidecar("flight_recorder", p, s.rank) for s in summaries
                       if (p := sidecar_path(s.path, s.rank)) is not None]  # FR dumps beside traces named one by one
+            beside += sidecars.cpu_sched_beside(summaries)  # and the CPU wait samples of their rank manifests
             more, already_too = sidecars.parse_all(beside, rank, staging, manifest, run,
                                                    skip={(x.kind, x.path) for x in side_done})
             side_done, already = side_done + more, already + already_too

@@ -185,6 +185,14 @@ def parse(sc: Sidecar, rank_arg: int | None, staging: Path) -> SidecarSummary:
     return SidecarSummary(sc.kind, path, rank, source, counts, skipped, staged)
 
 
+def cpu_sched_beside(summaries) -> list[Sidecar]:
+    """The ``rank{R}.manifest.json`` beside each ingested trace, when it holds CPU wait samples
+    (a trace named one by one, not its folder)."""
+    from .cpu_sched import has_samples
+    found = {Path(s.path).parent / f"rank{s.rank}.manifest.json" for s in summaries}
+    return [Sidecar("cpu_sched", m) for m in sorted(found) if m.is_file() and has_samples(m)]
+
+
 def fr_rank(path: Path, rank_arg: int | None = None) -> tuple[int | None, str | None]:
     """A Flight Recorder dump's rank: its dump holds none, so the collector's manifest beside it,
     then ``--rank``, then the number in its name (``rank{R}.fr.json``, ``fr_rank_{R}``, ...)."""
