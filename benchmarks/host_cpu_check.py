@@ -23,6 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from harness import append_results, machine_line  # noqa: E402
 
 
+def _span(values) -> str:
+    lo, hi = int(values.min()), int(values.max())
+    return str(lo) if lo == hi else f"{lo}-{hi}"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--ranks", type=int, default=4)
@@ -54,7 +59,8 @@ def main(argv=None) -> int:
     lines = [f"\n## Host CPU contention: {a.ranks}-rank gloo DDP, {mode}, ranks {'not ' if a.no_pin else ''}pinned "
              f"(benchmarks/host_cpu_check.py)\n",
              f"{machine_line()}; load before the run {load0[0]:.1f}, after {load1[0]:.1f} (1-min averages; other "
-             f"helpers' jobs share the 2 cores). {steps} steps, medians over the {a.active} traced steps.\n",
+             f"helpers' jobs share the 2 cores). {steps} steps; medians over each rank's {_span(ranks['steps'])} "
+             f"traced steps (an op timeline records every step).\n",
              "| rank | cores usable / host | step (ms) | main thread CPU wait (ms/step) | wait % of step | "
              "process wait, all threads (ms/step) | peers' median wait (ms/step) | sampler cost: mean wall / median wall / mean CPU (us/step) |",
              "|---|---|---|---|---|---|---|---|"]
