@@ -21,11 +21,15 @@ CLOCK_SLACK_NS = 2_000_000
 
 @pytest.fixture(scope="module")
 def recorded(tmp_path_factory):
-    """One real 2-rank DDP run, ingested by the collector at exit (its Parquet parts + manifests)."""
+    """One real 2-rank DDP run (JSON traces only: no converter processes to start) and its store."""
     pytest.importorskip("torch", reason="torch (the 'collect' extra) is needed to run workloads")
     from launch_util import launch  # retries a failed launch once; its error carries each rank's stderr
-    res = launch(2, ["ddp", "--run-name", RUN, "--store", "{attempt}/store"], tmp_path_factory.mktemp("hostcpu"))
-    return res.out_dir / RUN, res.out_dir.parent / "store"
+
+    import traceanalyzer as ta
+    base = tmp_path_factory.mktemp("hostcpu")
+    res = launch(2, ["ddp", "--run-name", RUN, "--no-parquet"], base)
+    ta.ingest([res.out_dir / RUN], base / "store", run=RUN, progress=False, workers=1)
+    return res.out_dir / RUN, base / "store"
 
 
 def _samples(folder: Path, rank: int) -> dict:
