@@ -85,6 +85,16 @@ def test_ingest_and_analysis(recorded):
 
 
 @pytest.mark.launch
+def test_traces_named_one_by_one_bring_their_rank_manifest(recorded, tmp_path):
+    import traceanalyzer as ta
+    folder, _ = recorded
+    report = ta.ingest(sorted(folder.glob("rank*.window*.pt.trace.json.gz")), tmp_path / "s", run="x", workers=1)
+    assert "2 CPU wait record(s)" in report.summary()
+    got = ta.open(tmp_path / "s").execute("SELECT rank, count(*) FROM cpu_sched GROUP BY rank ORDER BY rank").fetchall()
+    assert got == [(r, len(_samples(folder, r)["samples"])) for r in range(2)]
+
+
+@pytest.mark.launch
 def test_report_caveat_and_evidence_follow_the_threshold(recorded):
     from traceanalyzer.analyses.results import analyze
     from traceanalyzer.report.build import build_report
