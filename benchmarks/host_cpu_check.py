@@ -6,8 +6,8 @@ step (the collector's schedstat samples, ``host_cpu`` analysis) and what samplin
 Launches ``ddp`` on gloo (``traceanalyzer.workloads``; ranks pinned one per core modulo the cores
 unless ``--no-pin``), lets rank 0 ingest it, runs ``host_cpu`` and prints a Markdown section: per
 rank the median step, its training thread's CPU wait per step and share, the process's (every
-thread) wait, and the sampler's own cost per step (``cpu_sched.cost_ns`` / samples, measured in the
-rank). The machine's load before and after is in the section: the wait is what that load does.
+thread) wait, and the sampler's own cost per step (the rank manifest's ``cpu_sched.cost_ns`` /
+``cost_cpu_ns`` / ``n_samples`` and each sample's ``sample_ns``, measured in the rank). The machine's load before and after is in the section: the wait is what that load does.
 """
 from __future__ import annotations
 
@@ -48,9 +48,10 @@ def main(argv=None) -> int:
         folder, store = res.out_dir / "hc", res.out_dir.parent / "store"
         cost, cpu, mids = {}, {}, {}
         for r in range(a.ranks):
-            cs = json.loads((folder / f"rank{r}.manifest.json").read_text())["cpu_sched"]
-            cost[r] = cs["cost_ns"] / max(1, len(cs["samples"]))
-            cpu[r] = cs["cost_cpu_ns"] / max(1, len(cs["samples"]))
+            summary = json.loads((folder / f"rank{r}.manifest.json").read_text())["cpu_sched"]
+            cs = json.loads((folder / summary["file"]).read_text())
+            cost[r] = summary["cost_ns"] / max(1, summary["n_samples"])
+            cpu[r] = summary["cost_cpu_ns"] / max(1, summary["n_samples"])
             mids[r] = statistics.median(s[cs["columns"].index("sample_ns")] for s in cs["samples"])
         con = connect(store)
         prepare(con, views=["host_cpu_ranks"])

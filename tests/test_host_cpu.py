@@ -1,7 +1,7 @@
 """Host CPU contention (issue 14): the collector samples each rank's CPU run / run-queue wait per step
-boundary, ingest makes them the cpu_sched table, host_cpu.sql the per-step and per-rank wait, the
+boundary (rank{R}.cpu_sched.json, a summary in its rank manifest), ingest makes them the cpu_sched table, host_cpu.sql the per-step and per-rank wait, the
 report a caveat and a finding's evidence. A real 2-rank gloo DDP run; the shipped traces (recorded
-without samples) give no rows; a malformed samples entry is one clear line naming its file."""
+without samples) give no rows; a malformed samples file is one clear line naming it."""
 from __future__ import annotations
 
 import gzip
@@ -33,7 +33,7 @@ def recorded(tmp_path_factory):
 
 
 def _samples(folder: Path, rank: int) -> dict:
-    return json.loads((folder / f"rank{rank}.manifest.json").read_text())["cpu_sched"]
+    return json.loads((folder / f"rank{rank}.cpu_sched.json").read_text())
 
 
 @pytest.mark.launch
@@ -41,8 +41,10 @@ def _samples(folder: Path, rank: int) -> dict:
 def test_samples_are_cumulative_and_bound_each_profiler_step(recorded, rank):
     folder, _ = recorded
     cs = _samples(folder, rank)
-    assert cs["unavailable"] is None and not cs["truncated"] and cs["cost_ns"] > 0
-    assert 1 <= cs["cores"] <= cs["cpu_count"]
+    summary = json.loads((folder / f"rank{rank}.manifest.json").read_text())["cpu_sched"]
+    assert summary["file"] == f"rank{rank}.cpu_sched.json" and summary["n_samples"] == len(cs["samples"])
+    assert summary["unavailable"] is None and not summary["truncated"] and summary["cost_cpu_ns"] > 0
+    assert cs["rank"] == rank and 1 <= cs["cores"] <= cs["cpu_count"]
     rows = [dict(zip(cs["columns"], s)) for s in cs["samples"]]
     steps = json.loads((folder / "manifest.json").read_text())["ground_truth"]["steps"]
     assert [r["step"] for r in rows] == list(range(steps + 1))      # entry + one per step() call
@@ -89,7 +91,7 @@ def test_traces_named_one_by_one_bring_their_rank_manifest(recorded, tmp_path):
     import traceanalyzer as ta
     folder, _ = recorded
     report = ta.ingest(sorted(folder.glob("rank*.window*.pt.trace.json.gz")), tmp_path / "s", run="x", workers=1)
-    assert "2 CPU wait record(s)" in report.summary()
+    assert "2 CPU wait record(s)" in report.summary()   # rank{R}.cpu_sched.json beside each trace
     got = ta.open(tmp_path / "s").execute("SELECT rank, count(*) FROM cpu_sched GROUP BY rank ORDER BY rank").fetchall()
     assert got == [(r, len(_samples(folder, r)["samples"])) for r in range(2)]
 
@@ -122,35 +124,39 @@ def test_no_samples_no_rows_no_caveat(shipped_store):
     assert all(f.cpu_wait_ns_per_step is None and not any("CPU core" in e for e in f.evidence) for f in rr.findings)
 
 
+_OK = {"rank": 1, "host": "h", "pid": 7, "columns": list(COLUMNS), "cores": 1, "cpu_count": 2}
+
+
 @pytest.mark.parametrize("entry, needle", [
-    ({"columns": ["ts_ns"], "samples": [[1]]}, "'columns' must list"),
-    ({"columns": None, "samples": "oops"}, "'columns' must list"),
+    (dict(_OK, columns=["ts_ns"], samples=[[1]]), "'columns' must list"),
+    (dict(_OK, columns=None, samples="oops"), "'columns' must list"),
     ("not an object", "expected an object"),
-    ({"columns": list(COLUMNS), "samples": [[1, 0, 2]]}, "sample 0 is [1, 0, 2]"),
+    ("{truncated", "not readable JSON"),
+    (dict(_OK, rank=0, samples=[]), "it says rank 0, its name rank 1"),
+    (dict(_OK, samples=[[1, 0, 2]]), "sample 0 is [1, 0, 2]"),
     # cumulative counters that decrease: not what the collector writes
-    ({"columns": list(COLUMNS), "samples": [[10, 0, 5, 9, 5, 9, 3, 1], [20, 1, 6, 8, 6, 8, 3, 1]]}, "goes back"),
+    (dict(_OK, samples=[[10, 0, 5, 9, 5, 9, 3, 1], [20, 1, 6, 8, 6, 8, 3, 1]]), "goes back"),
 ])
-def test_malformed_samples_are_one_line_naming_the_manifest(run_cli, tmp_path, entry, needle):
+def test_malformed_samples_are_one_line_naming_the_file(run_cli, tmp_path, entry, needle):
     folder = tmp_path / "run"
     shutil.copytree(TRACES / "ddp_gloo_2rank", folder)
-    manifest = folder / "rank1.manifest.json"
-    doc = json.loads(manifest.read_text())
-    doc["cpu_sched"] = entry
-    manifest.write_text(json.dumps(doc))
+    bad = folder / "rank1.cpu_sched.json"
+    bad.write_text(entry if isinstance(entry, str) and entry.startswith("{") else json.dumps(entry))
     store = tmp_path / "store"
     before = snapshot(store)
     code, _, err = run_cli("ingest", folder, "--store", store, "--quiet")
     lines = [ln for ln in err.splitlines() if ln.strip()]
     assert code != 0 and len(lines) == 1, err
-    assert "rank1.manifest.json" in lines[0] and needle in lines[0], lines[0]
+    assert "rank1.cpu_sched.json" in lines[0] and needle in lines[0], lines[0]
     assert snapshot(store) == before
 
 
-def test_no_schedstat_means_no_samples_and_says_why(monkeypatch):
+def test_no_schedstat_means_no_samples_and_says_why(monkeypatch, tmp_path):
     from traceanalyzer.collect import cpu_sched
     monkeypatch.setattr(cpu_sched, "_TASKS", "/nonexistent/task")
     s = cpu_sched.Sampler()
     s.sample(0)
     s.sample(1)
-    m = s.to_manifest()
-    assert m["samples"] == [] and "schedstat" in m["unavailable"]
+    assert not s.write(tmp_path / "rank0.cpu_sched.json", 0) and not (tmp_path / "rank0.cpu_sched.json").exists()
+    m = s.summary(None)
+    assert m["n_samples"] == 0 and m["file"] is None and "schedstat" in m["unavailable"]

@@ -306,7 +306,7 @@ NCCL_PROFILER_EVENTS = Table("nccl_profiler_events", "One row per begin/end pair
 
 NCCL_SIDE_TABLES = (FR_DUMPS, FR_ENTRIES, NCCL_LOG_OPS, NCCL_INSPECTOR_OPS, NCCL_PROFILER_EVENTS)
 
-# The collector's CPU scheduling samples (traceanalyzer/collect/cpu_sched.py), from its rank manifest:
+# The collector's CPU scheduling samples (traceanalyzer/collect/cpu_sched.py, rank{R}.cpu_sched.json):
 # one row per step boundary; no rows for a rank recorded without them (unknown, never 0).
 CPU_SCHED = Table("cpu_sched", "One row per step boundary the collector sampled: this rank's CPU run and run-queue wait "
                   "(Linux schedstat, cumulative since each thread started). Sample `step` k is taken at the k-th "
@@ -320,9 +320,9 @@ CPU_SCHED = Table("cpu_sched", "One row per step boundary the collector sampled:
     _c("n_threads", I32, "threads seen so far"),
     _c("cores", I32, "CPUs this process may run on (os.sched_getaffinity); null when unknown"),
     _c("cpu_count", I32, "CPUs of the host (os.cpu_count()); null when unknown"),
-    _c("host", STR, "host name (the rank manifest's)"),
+    _c("host", STR, "host name"),
     _c("pid", I64, "process id"),
-    _c("source_file", STR, "absolute path of the rank manifest"),
+    _c("source_file", STR, "absolute path of the samples file (rank{R}.cpu_sched.json)"),
 ), _PER_RANK)
 
 #: Every table of a store, in the order ``info`` lists them.

@@ -11,21 +11,25 @@ loop's iteration ``k``, the span of ``ProfilerStep#k`` in the trace.
 Each sample: epoch ns (``time.time_ns()``), the step index, the process's run / wait ns summed over
 its threads (each thread's last value is kept after it exits, so the sums never decrease), and the
 calling (main) thread's own run / wait ns. Once per rank: the usable cores
-(``len(os.sched_getaffinity(0))``) and ``os.cpu_count()``. The samples go into the rank manifest
-(``rank{R}.manifest.json``, key ``cpu_sched``; :func:`Sampler.to_manifest`).
+(``len(os.sched_getaffinity(0))``) and ``os.cpu_count()``. The samples go into their own compact
+file, ``rank{R}.cpu_sched.json`` (:meth:`Sampler.write`: one line, not the indented manifest, which
+ingest reads once per trace); the rank manifest gets a summary (key ``cpu_sched``:
+:meth:`Sampler.summary`: the file, how many samples, why none, what sampling cost).
 
 Never raises: on a platform without ``/proc/.../schedstat`` (macOS, a kernel without schedstats)
 there are no samples and the manifest says why (``unavailable``).
 """
 from __future__ import annotations
 
+import json
 import os
+import socket
 import time
 
 #: The columns of each sample (the manifest stores one list of these per sample).
 COLUMNS = ("ts_ns", "step", "proc_run_ns", "proc_wait_ns", "main_run_ns", "main_wait_ns", "n_threads", "sample_ns")
 #: Samples kept per rank: beyond this (a long job), sampling stops and the manifest says so
-#: (``truncated``); 100,000 samples are ~6 MB of manifest JSON.
+#: (``truncated``); 100,000 samples are ~9 MB of JSON.
 MAX_SAMPLES = 100_000
 _TASKS = "/proc/self/task"
 
@@ -92,8 +96,24 @@ class Sampler:
         self.cost_ns += took
         self.cost_cpu_ns += time.thread_time_ns() - c0
 
-    def to_manifest(self) -> dict:
+    def to_dict(self, rank: int) -> dict:
+        """What :meth:`write` writes: the samples and what they are."""
+        return {"rank": rank, "host": socket.gethostname(), "pid": os.getpid(), "columns": list(COLUMNS),
+                "samples": self.samples, "cores": self.cores, "cpu_count": self.cpu_count}
+
+    def write(self, path, rank: int) -> bool:
+        """Write the samples (compact JSON, then rename: a reader never sees half a file); False
+        when there are none (nothing written)."""
+        if not self.samples:
+            return False
+        tmp = f"{path}.tmp"
+        with open(tmp, "w") as fh:
+            json.dump(self.to_dict(rank), fh, separators=(",", ":"))
+        os.replace(tmp, path)
+        return True
+
+    def summary(self, file: str | None) -> dict:
         """The rank manifest's ``cpu_sched`` entry."""
-        return {"columns": list(COLUMNS), "samples": self.samples, "cores": self.cores, "cpu_count": self.cpu_count,
+        return {"file": file, "n_samples": len(self.samples), "cores": self.cores, "cpu_count": self.cpu_count,
                 "unavailable": self.unavailable, "truncated": self.truncated, "cost_ns": self.cost_ns,
                 "cost_cpu_ns": self.cost_cpu_ns}

@@ -199,7 +199,11 @@ def _write_outputs(collector: Collector, clock: dict[str, int], exit_status: str
         written["op_timeline"] = path.name
     part = manifest.rank_part(run=collector.run, rank=rank, clock=clock, files=written,
                               exit_status=exit_status)
-    part["cpu_sched"] = collector.cpu.to_manifest()
+    try:
+        cpu_file = files.cpu_sched_name(rank) if collector.cpu.write(folder / files.cpu_sched_name(rank), rank) else None
+    except OSError as exc:  # the samples are a side show: never lose the run's manifest for them
+        collector.cpu.unavailable, cpu_file = f"CPU wait samples not written: {exc}", None
+    part["cpu_sched"] = collector.cpu.summary(cpu_file)
     manifest.write_json(folder / files.rank_manifest_name(rank), part)
     if rank == 0:
         dist = _dist()

@@ -1,11 +1,11 @@
 """The collector's CPU scheduling samples (:mod:`traceanalyzer.collect.cpu_sched`) -> the ``cpu_sched`` table.
 
-They are the ``cpu_sched`` entry of a rank manifest (``rank{R}.manifest.json``): ``columns`` (the
-names of each sample's values), ``samples`` (one list per step boundary), ``cores``, ``cpu_count``,
-``unavailable`` (why there are none). A folder's rank manifests holding samples are per-process
-inputs (:mod:`.sidecars`, kind ``cpu_sched``); a manifest without samples (older collectors,
-a platform without schedstat) gives no rows: the CPU wait is unknown, never 0. A malformed entry is
-refused in one line naming the manifest.
+One file per rank, ``rank{R}.cpu_sched.json``: ``rank``, ``host``, ``pid``, ``columns`` (the names
+of each sample's values), ``samples`` (one list per step boundary), ``cores``, ``cpu_count``. They
+are per-process inputs (:mod:`.sidecars`, kind ``cpu_sched``), found by name in a folder or beside
+a trace named on its own. A rank without the file (older collectors, a platform without
+schedstat: its rank manifest's ``cpu_sched.unavailable`` says why) has no rows: its CPU wait is
+unknown, never 0. A malformed file is refused in one line naming it.
 """
 from __future__ import annotations
 
@@ -18,28 +18,18 @@ import pyarrow as pa
 from .. import schema as S
 from ..errors import TraceInputError
 
-#: Rank manifests of the collector (``collect/files.py``'s rank_manifest_name).
-_NAME_RE = re.compile(r"^rank\d+\.manifest\.json$")
+#: The collector's samples files (``collect/files.py``'s cpu_sched_name).
+_NAME_RE = re.compile(r"^rank\d+\.cpu_sched\.json$")
 #: The sample values this reader needs, by the names the collector writes in ``columns``.
 NEEDED = ("ts_ns", "step", "proc_run_ns", "proc_wait_ns", "main_run_ns", "main_wait_ns", "n_threads")
 
 
-def is_rank_manifest(path: Path) -> bool:
-    return bool(_NAME_RE.match(path.name))
-
-
-def has_samples(path: Path) -> bool:
-    """A rank manifest with a ``cpu_sched`` entry (malformed or not: the reader says what is wrong)."""
-    try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(doc, dict) and doc.get("cpu_sched") is not None and bool(
-        not isinstance(doc["cpu_sched"], dict) or doc["cpu_sched"].get("samples"))
+def is_samples_file(path: Path) -> bool:
+    return bool(_NAME_RE.match(Path(path).name))
 
 
 def _bad(path: Path, problem: str) -> TraceInputError:
-    return TraceInputError(path, f"malformed cpu_sched entry of a rank manifest: {problem}; fix or remove it")
+    return TraceInputError(path, f"malformed CPU wait samples: {problem}; fix or remove the file")
 
 
 def _int_or_none(value, path: Path, what: str) -> int | None:
@@ -51,16 +41,18 @@ def _int_or_none(value, path: Path, what: str) -> int | None:
 
 
 def read(path: Path) -> tuple[int, pa.Table]:
-    """(rank, its ``cpu_sched`` rows) of one rank manifest; :class:`TraceInputError` when malformed."""
+    """(rank, its ``cpu_sched`` rows) of one samples file; :class:`TraceInputError` when malformed."""
     try:
-        doc = json.loads(Path(path).read_text())
+        entry = json.loads(Path(path).read_text())
     except (OSError, ValueError) as exc:
-        raise TraceInputError(path, f"unreadable rank manifest ({exc})") from None
-    if not isinstance(doc, dict) or isinstance(doc.get("rank"), bool) or not isinstance(doc.get("rank"), int):
-        raise TraceInputError(path, "unreadable rank manifest: no integer 'rank'")
-    entry = doc.get("cpu_sched")
+        raise _bad(path, f"not readable JSON ({exc})") from None
     if not isinstance(entry, dict):
         raise _bad(path, f"expected an object, found {type(entry).__name__}")
+    if isinstance(entry.get("rank"), bool) or not isinstance(entry.get("rank"), int) or entry["rank"] < 0:
+        raise _bad(path, "no integer 'rank'")
+    named = re.match(r"rank(\d+)\.", Path(path).name)
+    if named and int(named.group(1)) != entry["rank"]:
+        raise _bad(path, f"it says rank {entry['rank']}, its name rank {named.group(1)}")
     cols, samples = entry.get("columns"), entry.get("samples")
     if not isinstance(cols, list) or not set(NEEDED) <= set(cols):
         raise _bad(path, f"'columns' must list {', '.join(NEEDED)}")
@@ -83,7 +75,8 @@ def read(path: Path) -> tuple[int, pa.Table]:
     cols_out = {name: [r[k] for r in rows] for k, name in enumerate(NEEDED)}
     t = S.CPU_SCHED.arrow_schema
     data = {c: cols_out.get(c) for c in S.CPU_SCHED.column_names}
-    data.update(cores=[cores] * n, cpu_count=[cpu_count] * n, host=[doc.get("host")] * n,
-                pid=[doc.get("pid") if isinstance(doc.get("pid"), int) else None] * n,
+    host, pid = entry.get("host"), entry.get("pid")
+    data.update(cores=[cores] * n, cpu_count=[cpu_count] * n, host=[host if isinstance(host, str) else None] * n,
+                pid=[pid if isinstance(pid, int) and not isinstance(pid, bool) else None] * n,
                 source_file=[str(Path(path).resolve())] * n)
-    return doc["rank"], pa.table({c: pa.array(data[c], type=t.field(c).type) for c in S.CPU_SCHED.column_names})
+    return entry["rank"], pa.table({c: pa.array(data[c], type=t.field(c).type) for c in S.CPU_SCHED.column_names})

@@ -11,7 +11,7 @@ named ``fr_rank_{R}``, JSON or pickle, is found so):
 | ``nccl_log`` | ``*.nccl.log``, ``*.nccl.txt``, ``nccl_debug*.log/.txt`` (``.gz`` too), any ``.log``/``.txt`` whose first 64 KiB hold ``NCCL INFO`` lines, and every ``--nccl-log`` file | ``nccl_log_ops`` |
 | ``nccl_inspector`` | ``*.log``/``*.jsonl`` whose first line is an Inspector record (``<host>-pid<pid>.log``) | ``nccl_inspector_ops`` |
 | ``nccl_profiler`` | ``*.txt`` that start with ``[`` and a Chrome-trace event (``<prefix>-<host>-<tid>.txt``) | ``nccl_profiler_events`` |
-| ``cpu_sched`` | the collector's ``rank{R}.manifest.json`` when it holds CPU wait samples (:mod:`traceanalyzer.ingest.cpu_sched`) | ``cpu_sched`` |
+| ``cpu_sched`` | the collector's ``rank{R}.cpu_sched.json`` (CPU wait samples: :mod:`traceanalyzer.ingest.cpu_sched`) | ``cpu_sched`` |
 
 Their tables are partitioned by (run, rank) only. A source file already in the store for the run
 is skipped (counted ``already_in_store``); a second, different Flight Recorder dump (or CPU wait
@@ -118,14 +118,14 @@ def _found_by_name(f: Path) -> bool:
 
 
 def _kind(path: Path, explicit: bool) -> str | None:
-    from .cpu_sched import has_samples, is_rank_manifest
+    from .cpu_sched import is_samples_file
     from .flight_recorder import is_fr_name
     from .nccl.logs import NAME_RE, looks_like_nccl_log
     from .nccl.plugins import looks_like_inspector, looks_like_profiler_dump
     if is_fr_name(path):
         return "flight_recorder"
-    if is_rank_manifest(path):  # the collector's: its CPU wait samples, when it has them
-        return "cpu_sched" if has_samples(path) else None
+    if is_samples_file(path):  # the collector's CPU wait samples
+        return "cpu_sched"
     if not path.name.endswith(_TEXT_SUFFIXES):
         return None
     head = _head(path)
@@ -168,7 +168,7 @@ def parse(sc: Sidecar, rank_arg: int | None, staging: Path) -> SidecarSummary:
     elif sc.kind == "cpu_sched":
         from .cpu_sched import read
         rank, table = read(sc.path)
-        source, tables, counts, skipped, path = "manifest", {"cpu_sched": table}, {"cpu_sched": table.num_rows}, {}, \
+        source, tables, counts, skipped, path = "file", {"cpu_sched": table}, {"cpu_sched": table.num_rows}, {}, \
             str(sc.path.resolve())
     else:
         reader = {"nccl_log": read_nccl_log, "nccl_inspector": read_inspector, "nccl_profiler": read_profiler_dump}[sc.kind]
@@ -186,11 +186,10 @@ def parse(sc: Sidecar, rank_arg: int | None, staging: Path) -> SidecarSummary:
 
 
 def cpu_sched_beside(summaries) -> list[Sidecar]:
-    """The ``rank{R}.manifest.json`` beside each ingested trace, when it holds CPU wait samples
-    (a trace named one by one, not its folder)."""
-    from .cpu_sched import has_samples
-    found = {Path(s.path).parent / f"rank{s.rank}.manifest.json" for s in summaries}
-    return [Sidecar("cpu_sched", m) for m in sorted(found) if m.is_file() and has_samples(m)]
+    """The collector's ``rank{R}.cpu_sched.json`` beside each ingested trace (a trace named one by
+    one, not its folder)."""
+    found = {Path(s.path).parent / f"rank{s.rank}.cpu_sched.json" for s in summaries}
+    return [Sidecar("cpu_sched", m) for m in sorted(found) if m.is_file()]
 
 
 def fr_rank(path: Path, rank_arg: int | None = None) -> tuple[int | None, str | None]:
