@@ -306,9 +306,28 @@ NCCL_PROFILER_EVENTS = Table("nccl_profiler_events", "One row per begin/end pair
 
 NCCL_SIDE_TABLES = (FR_DUMPS, FR_ENTRIES, NCCL_LOG_OPS, NCCL_INSPECTOR_OPS, NCCL_PROFILER_EVENTS)
 
+# The collector's CPU scheduling samples (traceanalyzer/collect/cpu_sched.py, rank{R}.cpu_sched.json):
+# one row per step boundary; no rows for a rank recorded without them (unknown, never 0).
+CPU_SCHED = Table("cpu_sched", "One row per step boundary the collector sampled: this rank's CPU run and run-queue wait "
+                  "(Linux schedstat, cumulative since each thread started). Sample `step` k is taken at the k-th "
+                  "Collector.step() call (0: at entry), so samples k and k+1 bound ProfilerStep#k.", (
+    _c("step", I32, "step boundary k: the k-th Collector.step() call (0 = entry); ProfilerStep#k runs from it to k+1"),
+    _c("ts_ns", I64, "when it was taken (time.time_ns(): the trace's epoch clock)", "ns"),
+    _c("proc_run_ns", I64, "time the process's threads ran on a CPU, summed over threads (an exited thread keeps its last value)", "ns"),
+    _c("proc_wait_ns", I64, "time the process's threads were runnable but waited for a CPU, summed over threads", "ns"),
+    _c("main_run_ns", I64, "the training (calling) thread's own run time", "ns"),
+    _c("main_wait_ns", I64, "the training thread's own wait for a CPU", "ns"),
+    _c("n_threads", I32, "threads seen so far"),
+    _c("cores", I32, "CPUs this process may run on (os.sched_getaffinity); null when unknown"),
+    _c("cpu_count", I32, "CPUs of the host (os.cpu_count()); null when unknown"),
+    _c("host", STR, "host name"),
+    _c("pid", I64, "process id"),
+    _c("source_file", STR, "absolute path of the samples file (rank{R}.cpu_sched.json)"),
+), _PER_RANK)
+
 #: Every table of a store, in the order ``info`` lists them.
 TABLES: dict[str, Table] = {t.name: t for t in (RANKS, PROCESS_GROUPS, THREADS, EVENTS, FLOWS, STEPS, COMMS,
-                                                *NCCL_SIDE_TABLES)}
+                                                *NCCL_SIDE_TABLES, CPU_SCHED)}
 
 #: Store-level (not per-rank) table: one row per run.
 RUNS = Table("runs", "One row per run in the store (derived view).", (

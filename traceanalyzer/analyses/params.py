@@ -74,6 +74,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     _s("exposed_context_max_ns", 1_000_000_000, "the compute before/after an exposed interval is looked for within this many ns of it"),
     _s("step_alignment_max_hops", 32, "steps of two trace windows are aligned through at most this many shared synchronisation points in a chain"),
     _s("kernels_top", 10, "kernels/operators kept per rank and category by analyze"),
+    # same order as imbalance_min_excess_pct: a wait this large moves a rank's timings by as much
+    _s("host_cpu_wait_min_pct", 5.0, "a rank is contended when its training thread waited for a CPU core at least this % of its step (median; host_cpu.sql); the report then says so once (a caveat)"),
     # -- matching NCCL communicators to process groups (nccl_join.JoinParams) --
     _s("nccl_join_min_score", 0.9, "fraction of the shorter op sequence that must match at the chosen offset", "nccl_join"),
     _s("nccl_join_min_ops", 3, "fewest compared pairs for an offset to count (or the whole shorter sequence, when shorter)", "nccl_join"),

@@ -134,6 +134,7 @@ BUILDING_BLOCKS: dict[str, str] = {
     "pipeline_stages": "the stage of each rank of each pipeline",
     "pipeline_idle": "idle stretches of each pipeline stage per step, classified (warmup, cooldown, stall, other)",
     "pipeline_stall_causes": "stall time charged to each rank per step",
+    "host_cpu_steps": "per rank and step: the training thread's wait for a CPU core (collector samples)",
     "hta_window": "HTA's window per trace file (µs rounding, ProfilerStep names, last-step cut)",
     "hta_kernels": "the kernels HTA analyses, with its kernel type",
     "hta_temporal_breakdown": "HTA's get_temporal_breakdown",
@@ -345,6 +346,14 @@ _sql("pipeline_slow_stages", "pipeline_slow_stages", "run, rank_order", "Pipelin
     ("is_finding", BOOL, "", "excess above slow_stage_min_excess_pct, in at least finding_min_steps_pct of the steps"),
     ("is_structural", BOOL, "", "not a finding, structural above slow_stage_min_excess_pct (replay decides)"),
     ("rank_order", I64, "", "1 = largest excess")])
+_sql("host_cpu", "host_cpu_ranks", "run, rank", "Per rank: how long its training thread waited for a CPU core per step (the collector's schedstat samples; no rows when not sampled).", _RUN_RANK + [
+    ("host", STR, "", "host name"), ("cores", I32, "", "CPUs the rank may run on (affinity)"), ("cpu_count", I32, "", "CPUs of the host"),
+    ("ranks_on_host", I64, "", "ranks of the run sampled on that host"), ("steps", I64, "", "steps measured (the traced ones, when the trace has any)"),
+    ("step_ns_per_step", F64, _NS, "median wall time between the step's samples"),
+    ("wait_ns_per_step", F64, _NS, "median run-queue wait of the training thread"), ("wait_pct", F64, "%", "median wait as % of the step"),
+    ("proc_wait_ns_per_step", F64, _NS, "median wait summed over every thread of the process (may exceed the step)"),
+    ("peers_wait_ns_per_step", F64, _NS, "median over the run's other ranks of their wait_ns_per_step (NULL: no peer)"),
+    ("contended", BOOL, "", "wait_pct >= host_cpu_wait_min_pct")])
 _py("critical_path", _critical_path, "Cross-rank critical path of each step, one row per hop (latest first).", [
     ("run", STR, "", "run name"), ("step", I32, "", "ProfilerStep"), ("hop", I64, "", "0 = the hop that ends the step"),
     ("rank", I32, "", "rank whose own time this is"), ("lo_ns", I64, _NS, "hop start (aligned clock: + clock_offsets.offset_ns)"), ("hi_ns", I64, _NS, "hop end"),

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping
 
 from traceanalyzer.collect import files, manifest
+from traceanalyzer.collect.cpu_sched import Sampler
 from traceanalyzer.collect.fr_dump import dump_flight_recorder, enable_flight_recorder
 from traceanalyzer.collect.op_timeline import OpTimeline
 from traceanalyzer.collect.parquet import PARQUET_WAIT_S, Converter
@@ -35,9 +36,12 @@ class Collector:
         self.timeline = timeline
         self.step_index = 0
         self._prof = None
+        self.cpu = Sampler()  # CPU run/wait per step boundary (cpu_sched.py): sample 0 at entry
 
     def step(self) -> None:
         self.step_index += 1
+        # before prof.step(): its own work (a window's trace export) falls outside ProfilerStep#k, as in the trace
+        self.cpu.sample(self.step_index)
         if self._prof is not None:
             self._prof.step()
 
@@ -123,6 +127,7 @@ def profile(out_dir: str | Path, run: str | None = None, wait: int = 1, warmup: 
     )
     collector._prof = prof
     with _recorded(collector, clock, layout, ground_truth, store), prof:
+        collector.cpu.sample(0)  # ProfilerStep#0 starts here
         yield collector
 
 
@@ -194,6 +199,11 @@ def _write_outputs(collector: Collector, clock: dict[str, int], exit_status: str
         written["op_timeline"] = path.name
     part = manifest.rank_part(run=collector.run, rank=rank, clock=clock, files=written,
                               exit_status=exit_status)
+    try:
+        cpu_file = files.cpu_sched_name(rank) if collector.cpu.write(folder / files.cpu_sched_name(rank), rank) else None
+    except OSError as exc:  # the samples are a side show: never lose the run's manifest for them
+        collector.cpu.unavailable, cpu_file = f"CPU wait samples not written: {exc}", None
+    part["cpu_sched"] = collector.cpu.summary(cpu_file)
     manifest.write_json(folder / files.rank_manifest_name(rank), part)
     if rank == 0:
         dist = _dist()
@@ -211,4 +221,5 @@ def _light(out_dir, run, layout, ground_truth, store, coords) -> Iterator[Collec
     rank, run, folder, clock = _start(out_dir, run)
     collector = Collector(run, folder, rank, timeline=OpTimeline(rank, **dict(coords or {})))
     with _recorded(collector, clock, layout, ground_truth, store):
+        collector.cpu.sample(0)
         yield collector

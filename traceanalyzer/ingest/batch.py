@@ -174,7 +174,8 @@ def trace_by_name(f: Path) -> bool:
     from .prebuilt import is_part
     if is_part(f):  # the collector's pre-built Parquet parts (summary.json): used through their trace
         return False
-    return ((f.name.endswith(_TRACE_SUFFIXES) and not f.name.endswith((".fr.json", "manifest.json", ".ranks.json"))
+    return ((f.name.endswith(_TRACE_SUFFIXES) and not f.name.endswith((".fr.json", "manifest.json", ".ranks.json",
+                                                                         ".cpu_sched.json"))
              and not is_fr_name(f)) or is_nsys_export(f))
 
 
@@ -299,6 +300,7 @@ def ingest(paths, store, run: str | None = None, rank: int | None = None, worker
             coll_groups.resolve(summaries)  # gloo collectives whose group no runloop thread told
             beside = [sidecars.Sidecar("flight_recorder", p, s.rank) for s in summaries
                       if (p := sidecar_path(s.path, s.rank)) is not None]  # FR dumps beside traces named one by one
+            beside += sidecars.cpu_sched_beside(summaries)  # and their rank's CPU wait samples
             more, already_too = sidecars.parse_all(beside, rank, staging, manifest, run,
                                                    skip={(x.kind, x.path) for x in side_done})
             side_done, already = side_done + more, already + already_too

@@ -45,7 +45,7 @@ _TRACE_RE = re.compile(r"^rank(\d+)\.window(\d+)\.pt\.trace\.json(\.gz)?$")
 _PART_PATH_RE = re.compile(rf"(^|{re.escape(os.sep)}){PARTS_DIR}{re.escape(os.sep)}rank=\d+{re.escape(os.sep)}window=\d+"
                            rf"{re.escape(os.sep)}[^{re.escape(os.sep)}]+$")
 #: The tables one trace becomes (the store's others come from per-process inputs: FR dumps, NCCL logs).
-TRACE_TABLES = tuple(name for name in S.TABLES if S.TABLES[name] not in S.NCCL_SIDE_TABLES)
+TRACE_TABLES = tuple(name for name in S.TABLES if S.TABLES[name].partition == tuple(S.PARTITION_KEYS))
 
 
 def parts_dir(trace_path: str | Path) -> Path | None:

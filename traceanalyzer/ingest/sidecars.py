@@ -11,10 +11,11 @@ named ``fr_rank_{R}``, JSON or pickle, is found so):
 | ``nccl_log`` | ``*.nccl.log``, ``*.nccl.txt``, ``nccl_debug*.log/.txt`` (``.gz`` too), any ``.log``/``.txt`` whose first 64 KiB hold ``NCCL INFO`` lines, and every ``--nccl-log`` file | ``nccl_log_ops`` |
 | ``nccl_inspector`` | ``*.log``/``*.jsonl`` whose first line is an Inspector record (``<host>-pid<pid>.log``) | ``nccl_inspector_ops`` |
 | ``nccl_profiler`` | ``*.txt`` that start with ``[`` and a Chrome-trace event (``<prefix>-<host>-<tid>.txt``) | ``nccl_profiler_events`` |
+| ``cpu_sched`` | the collector's ``rank{R}.cpu_sched.json`` (CPU wait samples: :mod:`traceanalyzer.ingest.cpu_sched`) | ``cpu_sched`` |
 
 Their tables are partitioned by (run, rank) only. A source file already in the store for the run
-is skipped (counted ``already_in_store``); a second, different Flight Recorder dump for one rank of
-a run is an error (its entries would count twice).
+is skipped (counted ``already_in_store``); a second, different Flight Recorder dump (or CPU wait
+record) for one rank of a run is an error (its entries would count twice).
 
 Also here: the check that a trace's rank agrees with the ``rank{R}.manifest.json`` beside it.
 """
@@ -32,9 +33,11 @@ from ..store import files as st
 SNIFF_BYTES = 64 * 1024
 _TEXT_SUFFIXES = (".log", ".txt", ".jsonl", ".log.gz", ".txt.gz", ".jsonl.gz")
 KIND_TABLES = {"flight_recorder": ("fr_dumps", "fr_entries"), "nccl_log": ("nccl_log_ops",),
-               "nccl_inspector": ("nccl_inspector_ops",), "nccl_profiler": ("nccl_profiler_events",)}
+               "nccl_inspector": ("nccl_inspector_ops",), "nccl_profiler": ("nccl_profiler_events",),
+               "cpu_sched": ("cpu_sched",)}
 KIND_WORDS = {"flight_recorder": ("Flight Recorder dump", "entries"), "nccl_log": ("NCCL log", "ops"),
-              "nccl_inspector": ("NCCL Inspector log", "records"), "nccl_profiler": ("NCCL profiler dump", "events")}
+              "nccl_inspector": ("NCCL Inspector log", "records"), "nccl_profiler": ("NCCL profiler dump", "events"),
+              "cpu_sched": ("CPU wait record", "samples")}
 
 
 @dataclass
@@ -115,11 +118,14 @@ def _found_by_name(f: Path) -> bool:
 
 
 def _kind(path: Path, explicit: bool) -> str | None:
+    from .cpu_sched import is_samples_file
     from .flight_recorder import is_fr_name
     from .nccl.logs import NAME_RE, looks_like_nccl_log
     from .nccl.plugins import looks_like_inspector, looks_like_profiler_dump
     if is_fr_name(path):
         return "flight_recorder"
+    if is_samples_file(path):  # the collector's CPU wait samples
+        return "cpu_sched"
     if not path.name.endswith(_TEXT_SUFFIXES):
         return None
     head = _head(path)
@@ -159,6 +165,11 @@ def parse(sc: Sidecar, rank_arg: int | None, staging: Path) -> SidecarSummary:
         counts = {"fr_entries": tables["fr_entries"].num_rows}
         skipped = {"fr.malformed_entries": dump.n_skipped} if dump.n_skipped else {}
         path = dump.path
+    elif sc.kind == "cpu_sched":
+        from .cpu_sched import read
+        rank, table = read(sc.path)
+        source, tables, counts, skipped, path = "file", {"cpu_sched": table}, {"cpu_sched": table.num_rows}, {}, \
+            str(sc.path.resolve())
     else:
         reader = {"nccl_log": read_nccl_log, "nccl_inspector": read_inspector, "nccl_profiler": read_profiler_dump}[sc.kind]
         log = reader(sc.path, sc.rank if sc.rank is not None else rank_arg)
@@ -172,6 +183,13 @@ def parse(sc: Sidecar, rank_arg: int | None, staging: Path) -> SidecarSummary:
         st.write_table(table.select(S.TABLES[name].column_names), out)
         staged[name] = str(out)
     return SidecarSummary(sc.kind, path, rank, source, counts, skipped, staged)
+
+
+def cpu_sched_beside(summaries) -> list[Sidecar]:
+    """The collector's ``rank{R}.cpu_sched.json`` beside each ingested trace (a trace named one by
+    one, not its folder)."""
+    found = {Path(s.path).parent / f"rank{s.rank}.cpu_sched.json" for s in summaries}
+    return [Sidecar("cpu_sched", m) for m in sorted(found) if m.is_file()]
 
 
 def fr_rank(path: Path, rank_arg: int | None = None) -> tuple[int | None, str | None]:
@@ -204,15 +222,17 @@ def parse_all(side: list[Sidecar], rank_arg: int | None, staging: Path, manifest
 
 
 def check_unique(summaries: list[SidecarSummary], manifest: st.Manifest, run: str) -> None:
-    """One Flight Recorder dump per rank of a run: two would count every collective twice."""
-    owner = {s["rank"]: s["source_file"] for s in manifest.sidecars if s["run"] == run and s["kind"] == "flight_recorder"}
-    for s in summaries:
-        if s.kind != "flight_recorder":
-            continue
-        if s.rank in owner and owner[s.rank] != s.path:
-            raise TraceInputError(s.path, f"rank {s.rank} of run '{run}' already has a Flight Recorder dump "
-                                          f"({owner[s.rank]}); ingest only one per rank, or use another --run")
-        owner[s.rank] = s.path
+    """One Flight Recorder dump (and one CPU wait record) per rank of a run: two would count
+    every collective (every step) twice."""
+    for kind in ("flight_recorder", "cpu_sched"):
+        owner = {s["rank"]: s["source_file"] for s in manifest.sidecars if s["run"] == run and s["kind"] == kind}
+        for s in summaries:
+            if s.kind != kind:
+                continue
+            if s.rank in owner and owner[s.rank] != s.path:
+                raise TraceInputError(s.path, f"rank {s.rank} of run '{run}' already has a {KIND_WORDS[kind][0]} "
+                                              f"({owner[s.rank]}); ingest only one per rank, or use another --run")
+            owner[s.rank] = s.path
 
 
 def commit(store: Path, manifest: st.Manifest, run: str, summaries: list[SidecarSummary], gen: int) -> None:

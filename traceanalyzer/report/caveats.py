@@ -61,3 +61,29 @@ def shared_host_caveat(ranks: pd.DataFrame, replayed: bool) -> list[str]:
             "core-mates, which the what-ifs (replayed with every rank's recorded durations) cannot know; on 4-8 ranks "
             "on 2 cores they missed real re-runs by up to ~30 % for this alone."]
 
+
+
+def host_cpu_caveat(host_cpu: pd.DataFrame | None) -> list[str]:
+    """Ranks that waited for a CPU core (the collector's schedstat samples, ``host_cpu`` result;
+    ``contended``: at least ``host_cpu_wait_min_pct`` of the step, median): one line per host, since
+    every per-rank time of the report (compute, phases, who arrived last) includes that wait. None
+    for a run recorded without samples (unknown, not 0) or whose ranks did not wait."""
+    if host_cpu is None or host_cpu.empty:
+        return []
+    out = []
+    for host, g in host_cpu.sort_values("rank").groupby("host", dropna=False, sort=True):
+        hit = g[g["contended"].fillna(False).astype(bool)]
+        if hit.empty:
+            continue
+        cpus = g["cpu_count"].dropna()
+        cores = f"{int(cpus.max())} cores" if len(cpus) else "n/a cores"
+        where = f"{len(g)} rank{'s' if len(g) > 1 else ''} on {cores} of host {host if isinstance(host, str) and host else 'n/a'}"
+        usable = g["cores"].dropna()
+        if len(usable) and len(cpus) and usable.max() < cpus.max():
+            where += f", each allowed {' or '.join(str(n) for n in sorted(set(usable.astype(int))))}"
+        line = (f"Ranks waited for a CPU core {g['wait_pct'].median():.1f} % of their step (median; {where}): per-rank "
+                "timings include that contention")
+        if len(hit) < len(g):
+            line += " (waited most: " + ", ".join(f"rank {int(r.rank)} {r.wait_pct:.1f} %" for r in hit.itertuples()) + ")"
+        out.append(line + ".")
+    return out

@@ -62,6 +62,7 @@ class Finding:
     where: dict = field(default_factory=dict)   # rank, stage, phase, annotation, op, step (None: unknown); where.py
     where_text: str = ""                   # the same in words: 'rank 2, forward phase, in the range slow_rank_delay'
     how_much: str = ""                     # '15.60 ms per step (38.6% of the median step)'
+    cpu_wait_ns_per_step: float | None = None   # its rank's wait for a CPU core per step (host_cpu); None: unknown
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -378,7 +379,28 @@ def rank_findings(data: RunData) -> list[Finding]:
     step_ns = median_step_ns(data)
     found = _merge_by_rank(_stragglers(data) + _imbalance(data) + _slow_stages(data))
     found += _structural(data, {f.rank for f in found if f.rank is not None}) + _exposed(data, step_ns)
+    _add_cpu_wait(data, found)
     return sorted(found, key=lambda f: -f.recoverable_ns_per_step)
+
+
+def _add_cpu_wait(data: RunData, found: list[Finding]) -> None:
+    """A rank finding's evidence gets its rank's wait for a CPU core per step vs its peers'
+    (host_cpu.sql, from the collector's samples): a rank that waited for a core is slow because of
+    its host, which its trace cannot show. Nothing for a run recorded without samples (unknown)."""
+    hc = data.r("host_cpu")
+    if hc.empty:
+        return
+    rows = hc.set_index("rank")
+    for f in found:
+        if f.rank is None or f.kind not in _SPECIFICITY:
+            continue
+        if f.rank not in rows.index:
+            f.evidence.append("waited for a CPU core: unknown (the collector took no samples on this rank)")
+            continue
+        r = rows.loc[f.rank]
+        f.cpu_wait_ns_per_step = float(r["wait_ns_per_step"])
+        f.evidence.append(f"waited for a CPU core {ms(r['wait_ns_per_step'])} per step ({r['wait_pct']:.1f}% of its step, "
+                          f"median) vs its peers' median {ms(r['peers_wait_ns_per_step'])}")
 
 
 def _same_work_ranks(data: RunData) -> list[int]:

@@ -50,7 +50,8 @@ def _saved(store) -> dict:
 #: is the costliest analysis and the findings do not depend on it.
 REQUIRED = ("phases", "temporal_breakdown", "stragglers", "imbalance", "imbalance_ops", "all_to_all_balance",
             "collectives", "overlap", "exposed_comm", "serialized_comm", "kernel_breakdown", "pipeline_shape",
-            "pipeline_bubbles", "pipeline_slow_stages", "launch_stats", "clock_offsets")  # launch_stats: the clock-offset caveat (caveats.py)
+            "pipeline_bubbles", "pipeline_slow_stages", "launch_stats", "clock_offsets",  # launch_stats: the clock-offset caveat (caveats.py)
+            "host_cpu")  # the CPU-contention caveat and evidence (caveats.py, findings.py)
 
 
 def missing_results(store: str | os.PathLike, runs: list[str]) -> dict[str, list[str]]:
@@ -101,8 +102,8 @@ def load_run(con, store: str | os.PathLike, run: str, with_intervals: bool = Tru
     events = con.execute("SELECT count(*) FROM events WHERE run = $run", {"run": run}).fetchone()[0]
     data = RunData(run=run, results=results, ranks=ranks, groups=groups, params=dict(entry.get("params", {})),
                    events=int(events))
-    from .caveats import run_caveats
-    data.caveats = run_caveats(con, run, results.get("launch_stats"))
+    from .caveats import host_cpu_caveat, run_caveats
+    data.caveats = run_caveats(con, run, results.get("launch_stats")) + host_cpu_caveat(results.get("host_cpu"))
     if not data.r("pipeline_shape").empty:
         data.pipeline_idle = pipeline_idle(con, run, data.params, store) if with_intervals else None
     return data

@@ -1,0 +1,162 @@
+"""Host CPU contention (issue 14): the collector samples each rank's CPU run / run-queue wait per step
+boundary (rank{R}.cpu_sched.json, a summary in its rank manifest), ingest makes them the cpu_sched table, host_cpu.sql the per-step and per-rank wait, the
+report a caveat and a finding's evidence. A real 2-rank gloo DDP run; the shipped traces (recorded
+without samples) give no rows; a malformed samples file is one clear line naming it."""
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import TRACES, snapshot
+
+from traceanalyzer.collect.cpu_sched import COLUMNS
+
+RUN = "hostcpu"
+#: Kineto's clock and time.time_ns() agree to well under this (steps last tens of ms)
+CLOCK_SLACK_NS = 2_000_000
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """One real 2-rank DDP run (JSON traces only: no converter processes to start) and its store."""
+    pytest.importorskip("torch", reason="torch (the 'collect' extra) is needed to run workloads")
+    from launch_util import launch  # retries a failed launch once; its error carries each rank's stderr
+
+    import traceanalyzer as ta
+    base = tmp_path_factory.mktemp("hostcpu")
+    res = launch(2, ["ddp", "--run-name", RUN, "--no-parquet"], base)
+    ta.ingest([res.out_dir / RUN], base / "store", run=RUN, progress=False, workers=1)
+    return res.out_dir / RUN, base / "store"
+
+
+def _samples(folder: Path, rank: int) -> dict:
+    return json.loads((folder / f"rank{rank}.cpu_sched.json").read_text())
+
+
+@pytest.mark.launch
+@pytest.mark.parametrize("rank", range(2))
+def test_samples_are_cumulative_and_bound_each_profiler_step(recorded, rank):
+    folder, _ = recorded
+    cs = _samples(folder, rank)
+    summary = json.loads((folder / f"rank{rank}.manifest.json").read_text())["cpu_sched"]
+    assert summary["file"] == f"rank{rank}.cpu_sched.json" and summary["n_samples"] == len(cs["samples"])
+    assert summary["unavailable"] is None and not summary["truncated"] and summary["cost_cpu_ns"] > 0
+    assert cs["rank"] == rank and 1 <= cs["cores"] <= cs["cpu_count"]
+    rows = [dict(zip(cs["columns"], s)) for s in cs["samples"]]
+    steps = json.loads((folder / "manifest.json").read_text())["ground_truth"]["steps"]
+    assert [r["step"] for r in rows] == list(range(steps + 1))      # entry + one per step() call
+    for a, b in zip(rows, rows[1:]):
+        assert b["ts_ns"] > a["ts_ns"]
+        for k in ("proc_run_ns", "proc_wait_ns", "main_run_ns", "main_wait_ns", "n_threads"):
+            assert b[k] >= a[k], k                               # cumulative: never decreases
+        wall = b["ts_ns"] - a["ts_ns"]
+        assert 0 <= b["main_wait_ns"] - a["main_wait_ns"] <= wall   # one thread waits at most the step
+    # ProfilerStep#N runs from sample N to sample N+1 (the sample precedes prof.step()'s close of the step)
+    trace = json.load(gzip.open(next(folder.glob(f"rank{rank}.window*.pt.trace.json.gz")), "rt"))
+    base = int(trace.get("baseTimeNanoseconds", 0))
+    spans = [(int(e["name"].split("#")[1]), base + round(float(e["ts"]) * 1000), round(float(e["dur"]) * 1000))
+             for e in trace["traceEvents"] if e.get("ph") == "X" and str(e.get("name", "")).startswith("ProfilerStep#")]
+    assert spans
+    for n, start, dur in spans:
+        assert rows[n]["ts_ns"] - CLOCK_SLACK_NS <= start < rows[n + 1]["ts_ns"] <= start + dur + CLOCK_SLACK_NS, n
+
+
+@pytest.mark.launch
+def test_ingest_and_analysis(recorded):
+    import traceanalyzer as ta
+    from traceanalyzer.analyses import connect, prepare
+    folder, store = recorded
+    con = ta.open(store)
+    n = {r: len(_samples(folder, r)["samples"]) for r in range(2)}
+    got = dict(con.execute("SELECT rank, count(*) FROM cpu_sched WHERE run = $r GROUP BY rank", {"r": RUN}).fetchall())
+    assert got == n
+    con = connect(store)
+    prepare(con, views=["host_cpu_ranks"])
+    steps = con.execute("SELECT rank, step, step_ns, wait_ns, wait_pct, in_trace FROM host_cpu_steps ORDER BY rank, step").df()
+    assert steps.groupby("rank").size().to_dict() == {r: k - 1 for r, k in n.items()}
+    assert (steps["wait_ns"] >= 0).all() and (steps["wait_ns"] <= steps["step_ns"]).all()
+    assert steps["in_trace"].sum() == 2 * 3                    # the window's 3 active steps on each rank
+    ranks = con.execute("SELECT * FROM host_cpu_ranks ORDER BY rank").df()
+    assert list(ranks["rank"]) == [0, 1] and (ranks["steps"] == 3).all() and (ranks["ranks_on_host"] == 2).all()
+    traced = steps[steps["in_trace"]].groupby("rank")["wait_ns"].median()
+    assert ranks["wait_ns_per_step"].tolist() == pytest.approx(traced.tolist())
+    assert ranks["peers_wait_ns_per_step"].tolist() == pytest.approx(traced.tolist()[::-1])   # the other rank's
+
+
+@pytest.mark.launch
+def test_traces_named_one_by_one_bring_their_rank_manifest(recorded, tmp_path):
+    import traceanalyzer as ta
+    folder, _ = recorded
+    report = ta.ingest(sorted(folder.glob("rank*.window*.pt.trace.json.gz")), tmp_path / "s", run="x", workers=1)
+    assert "2 CPU wait record(s)" in report.summary()   # rank{R}.cpu_sched.json beside each trace
+    got = ta.open(tmp_path / "s").execute("SELECT rank, count(*) FROM cpu_sched GROUP BY rank ORDER BY rank").fetchall()
+    assert got == [(r, len(_samples(folder, r)["samples"])) for r in range(2)]
+
+
+@pytest.mark.launch
+def test_report_caveat_and_evidence_follow_the_threshold(recorded):
+    from traceanalyzer.analyses.results import analyze
+    from traceanalyzer.report.build import build_report
+    _, store = recorded
+    for pct, expect in ((0.0, True), (100.0, False)):    # every rank waits >= 0 %, none 100 % of its step
+        analyze(store, run=RUN, only=None if expect else ["host_cpu"], host_cpu_wait_min_pct=pct)
+        rr = build_report(store, run=RUN, figures=False, replay=False).runs[0]
+        lines = [c for c in rr.caveats if c.startswith("Ranks waited for a CPU core")]
+        assert bool(lines) == expect, rr.caveats
+        if expect:
+            assert "2 ranks on" in lines[0] and "per-rank timings include that contention" in lines[0]
+        for f in rr.findings:
+            if f.rank is not None and f.kind in ("straggler", "imbalance", "slow_stage"):
+                assert f.cpu_wait_ns_per_step is not None and f.cpu_wait_ns_per_step >= 0
+                assert any(e.startswith("waited for a CPU core") and "vs its peers' median" in e for e in f.evidence)
+
+
+def test_no_samples_no_rows_no_caveat(shipped_store):
+    """The shipped traces were recorded without samples: no rows (unknown), no caveat, no evidence."""
+    import traceanalyzer as ta
+    from traceanalyzer.report.build import build_report
+    assert ta.open(shipped_store).execute("SELECT count(*) FROM cpu_sched").fetchone()[0] == 0
+    rr = build_report(shipped_store, run="ddp_gloo_4rank_slow2", figures=False, replay=False).runs[0]
+    assert rr.findings and not any("CPU core" in c for c in rr.caveats)
+    assert all(f.cpu_wait_ns_per_step is None and not any("CPU core" in e for e in f.evidence) for f in rr.findings)
+
+
+_OK = {"rank": 1, "host": "h", "pid": 7, "columns": list(COLUMNS), "cores": 1, "cpu_count": 2}
+
+
+@pytest.mark.parametrize("entry, needle", [
+    (dict(_OK, columns=["ts_ns"], samples=[[1]]), "'columns' must list"),
+    (dict(_OK, columns=None, samples="oops"), "'columns' must list"),
+    ("not an object", "expected an object"),
+    ("{truncated", "not readable JSON"),
+    (dict(_OK, rank=0, samples=[]), "it says rank 0, its name rank 1"),
+    (dict(_OK, samples=[[1, 0, 2]]), "sample 0 is [1, 0, 2]"),
+    # cumulative counters that decrease: not what the collector writes
+    (dict(_OK, samples=[[10, 0, 5, 9, 5, 9, 3, 1], [20, 1, 6, 8, 6, 8, 3, 1]]), "goes back"),
+])
+def test_malformed_samples_are_one_line_naming_the_file(run_cli, tmp_path, entry, needle):
+    folder = tmp_path / "run"
+    shutil.copytree(TRACES / "ddp_gloo_2rank", folder)
+    bad = folder / "rank1.cpu_sched.json"
+    bad.write_text(entry if isinstance(entry, str) and entry.startswith("{") else json.dumps(entry))
+    store = tmp_path / "store"
+    before = snapshot(store)
+    code, _, err = run_cli("ingest", folder, "--store", store, "--quiet")
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert code != 0 and len(lines) == 1, err
+    assert "rank1.cpu_sched.json" in lines[0] and needle in lines[0], lines[0]
+    assert snapshot(store) == before
+
+
+def test_no_schedstat_means_no_samples_and_says_why(monkeypatch, tmp_path):
+    from traceanalyzer.collect import cpu_sched
+    monkeypatch.setattr(cpu_sched, "_TASKS", "/nonexistent/task")
+    s = cpu_sched.Sampler()
+    s.sample(0)
+    s.sample(1)
+    assert not s.write(tmp_path / "rank0.cpu_sched.json", 0) and not (tmp_path / "rank0.cpu_sched.json").exists()
+    m = s.summary(None)
+    assert m["n_samples"] == 0 and m["file"] is None and "schedstat" in m["unavailable"]
