@@ -112,3 +112,18 @@ def snapshot(store: Path) -> dict[str, str]:
         return {}
     return {p.relative_to(store).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
             for p in sorted(store.rglob("*")) if p.is_file()}
+
+
+#: Environment planted in the shared 2-rank DDP run: one variable on the collector's allow-list's
+#: pattern, one outside it (test_workloads checks which reach the manifest).
+PLANTED_ENV = {"TORCH_FAKE_TOKEN": "abc", "TA_TEST_NOT_ALLOWED": "1"}
+
+
+@pytest.fixture(scope="session")
+def ddp2_recorded(tmp_path_factory) -> Path:
+    """One real clean 2-rank gloo DDP run (the collector's default outputs: JSON traces, Parquet parts,
+    FR dumps, manifests, CPU samples), shared by every test that only reads it: its run folder."""
+    pytest.importorskip("torch", reason="torch (the 'collect' extra) is needed to run workloads")
+    from launch_util import launch  # retries a failed launch once; its error carries each rank's stderr
+    result = launch(2, ["ddp", "--run-name", "ddp2"], tmp_path_factory.mktemp("ddp2_recorded"), env=PLANTED_ENV)
+    return result.out_dir / "ddp2"

@@ -20,16 +20,12 @@ CLOCK_SLACK_NS = 2_000_000
 
 
 @pytest.fixture(scope="module")
-def recorded(tmp_path_factory):
-    """One real 2-rank DDP run (JSON traces only: no converter processes to start) and its store."""
-    pytest.importorskip("torch", reason="torch (the 'collect' extra) is needed to run workloads")
-    from launch_util import launch  # retries a failed launch once; its error carries each rank's stderr
-
+def recorded(ddp2_recorded, tmp_path_factory):
+    """The shared real 2-rank DDP run (conftest.ddp2_recorded) and a store of it."""
     import traceanalyzer as ta
-    base = tmp_path_factory.mktemp("hostcpu")
-    res = launch(2, ["ddp", "--run-name", RUN, "--no-parquet"], base)
-    ta.ingest([res.out_dir / RUN], base / "store", run=RUN, progress=False, workers=1)
-    return res.out_dir / RUN, base / "store"
+    store = tmp_path_factory.mktemp("hostcpu") / "store"
+    ta.ingest([ddp2_recorded], store, run=RUN, progress=False, workers=1)
+    return ddp2_recorded, store
 
 
 def _samples(folder: Path, rank: int) -> dict:

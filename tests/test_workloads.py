@@ -11,6 +11,7 @@ import pytest
 
 torch = pytest.importorskip("torch", reason="torch (the 'collect' extra) is needed to run workloads")
 
+from conftest import PLANTED_ENV  # noqa: E402
 from launch_util import REPO_ROOT, LaunchError, launch  # noqa: E402
 
 from traceanalyzer.collect import allowed_env  # noqa: E402
@@ -19,6 +20,7 @@ RUN = "ddp2"
 WORLD = 2
 PLANTED_SECRET = {"TORCH_FAKE_TOKEN": "abc"}
 PLANTED_OTHER = {"TA_TEST_NOT_ALLOWED": "1"}  # outside the env allow-list
+assert {**PLANTED_SECRET, **PLANTED_OTHER} == PLANTED_ENV   # what conftest.ddp2_recorded planted
 SLOW_MS = 20
 
 
@@ -33,11 +35,9 @@ def _event_names(trace):
 
 
 @pytest.fixture(scope="module")
-def clean_run(tmp_path_factory):
-    """One clean 2-rank DDP run, shared by the assertions below."""
-    result = launch(WORLD, ["ddp", "--run-name", RUN], tmp_path_factory.mktemp("clean"),
-                    env={**PLANTED_SECRET, **PLANTED_OTHER})
-    return result.out_dir / RUN
+def clean_run(ddp2_recorded):
+    """One clean 2-rank DDP run (conftest.ddp2_recorded, planted with PLANTED_SECRET and PLANTED_OTHER)."""
+    return ddp2_recorded
 
 
 @pytest.mark.launch
