@@ -140,8 +140,9 @@ def test_profile_op_timeline_on_a_pipeline_ingests_and_analyses(tmp_path):
                         str(mbs), "--steps", str(steps), "--slow-rank", "1", "--slow-ms", "20"], tmp_path)
     folder = result.out_dir / "tl"
     names = sorted(p.name for p in folder.iterdir())
-    assert names == ["manifest.json", "rank0.manifest.json", "rank0.op_timeline.parquet", "rank1.manifest.json",
-                     "rank1.op_timeline.parquet"]   # no profiler trace, no FR dump: the light mode
+    assert names == ["manifest.json", "rank0.cpu_sched.json", "rank0.manifest.json", "rank0.op_timeline.parquet",
+                     "rank1.cpu_sched.json", "rank1.manifest.json", "rank1.op_timeline.parquet"]
+    # no profiler trace, no FR dump: the light mode (the CPU samples are taken in both modes)
     for rank in (0, 1):   # every rank wrote its own rows
         t = pq.read_table(folder / f"rank{rank}.op_timeline.parquet")
         assert set(t.column("rank").to_pylist()) == {rank} and set(t.column("pp").to_pylist()) == {rank}
@@ -151,6 +152,9 @@ def test_profile_op_timeline_on_a_pipeline_ingests_and_analyses(tmp_path):
     s = ta.open(tmp_path / "store")
     assert s.execute("SELECT count(DISTINCT step) FROM steps").fetchone()[0] == steps
     assert s.execute("SELECT count(*) FROM comms WHERE op = 'send'").fetchone()[0] == 2 * steps * mbs
+    # one CPU sample per rank at entry and at each step boundary (collect/cpu_sched.py)
+    assert s.execute("SELECT rank, count(*) FROM cpu_sched GROUP BY rank ORDER BY rank").fetchall() == \
+        [(0, steps + 1), (1, steps + 1)]
     fwd = s.execute("SELECT rank, median(dur_ns) AS d FROM events WHERE name = 'forward-compute' GROUP BY rank "
                 "ORDER BY rank").fetchall()
     assert fwd[1][1] >= 20_000_000 > fwd[0][1]   # the 20 ms sleep is in rank 1's forward
