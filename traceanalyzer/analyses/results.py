@@ -129,7 +129,8 @@ def analyze(store: str | os.PathLike, run: str | None = None, only: list[str] | 
         if summaries and save_results and st.writable(st.location(store)):
             from . import summaries as sm
             sm.ensure(store, runs, effective_params(params), dask=dask, n_workers=n_workers)
-            sm.attach(con, store, runs, effective_params(params))
+            if sm.attach(con, store, runs, effective_params(params)):  # the reduce: memory capped, spills
+                sm.limit_memory(con, store)
         results = compute(con, run=run, only=only, **params)
     finally:
         con.close()

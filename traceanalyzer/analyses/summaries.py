@@ -46,6 +46,10 @@ MAP_TASK_RANKS = 16
 ENTRY = "summaries"
 #: folder of the summaries in the store
 FOLDER = "_summaries"
+#: DuckDB memory of the reduce's connection (bytes): above it, its operators and temporary tables
+#: spill to a work folder of the store (:func:`limit_memory`), so the driver's memory does not grow
+#: with the rank count (issue 18); a per-connection setting of that connection's own database
+REDUCE_MEMORY_BYTES = 1 << 30
 #: canonical tables and views of a store connection (what a view may read besides other views)
 _IDENT_RE = re.compile(r"\b([A-Za-z_]\w*)\b")
 
@@ -339,6 +343,22 @@ def attach(con, store, runs: list[str], params: dict) -> list[str]:
         paths = [where(f) for r in runs for f in saved[r]["files"].get(view, [])]
         M.provide(con, view, select(paths, saved[runs[0]]["types"][view]))
     return views
+
+
+def limit_memory(con, store, memory_bytes: int | None = None):
+    """Cap ``con``'s DuckDB memory at ``memory_bytes`` (default :data:`REDUCE_MEMORY_BYTES`; 0: no
+    cap) with its spill files in a work folder of the store (a local temporary folder for a remote
+    store), removed with the connection. Both are settings of ``con``'s own in-memory database:
+    nothing process-global changes. Returns the folder (None when no cap)."""
+    memory_bytes = REDUCE_MEMORY_BYTES if memory_bytes is None else memory_bytes
+    if not memory_bytes:
+        return None
+    import weakref
+    folder = Path(writers.new_work_folder(st.location(store))).resolve()
+    con.execute(f"SET temp_directory = '{_quote(str(folder))}'")
+    con.execute(f"SET memory_limit = '{int(memory_bytes)}B'")
+    weakref.finalize(con, shutil.rmtree, str(folder), True)
+    return folder
 
 
 def _remote_reader(con, loc, saved, runs):

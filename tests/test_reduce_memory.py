@@ -1,0 +1,45 @@
+"""Issue 18 (driver memory): the reduce of ``analyze`` caps its DuckDB memory
+(summaries.REDUCE_MEMORY_BYTES) and spills to a work folder of the store; the cap is a setting of
+the reduce's own connection (nothing process-global), the folder goes with the connection, and the
+results under a cap are the results without one. (That a capped reduce spills instead of growing is
+measured at 128-1,024 ranks by benchmarks/reduce_memory.py: a run small enough for a test needs
+less than DuckDB's floor of ~32 MB, below which it fails rather than spills.)"""
+from __future__ import annotations
+
+import gc
+
+import duckdb
+from conftest import ingest_runs
+
+RUN = "ddp_gloo_4rank_slow2"
+
+
+def test_the_reduce_spills_under_its_cap_with_the_same_results(tmp_path_factory, monkeypatch):
+    from traceanalyzer.analyses import connect
+    from traceanalyzer.analyses import summaries as sm
+    from traceanalyzer.analyses.results import analyze, compute, effective_params
+    store = ingest_runs(tmp_path_factory, "reduce_memory", (RUN,), workers=1)
+    first = analyze(store)                     # the map, then the reduce under the default cap
+    assert sum(len(d) for d in first.values()) > 100
+
+    con = connect(store)
+    assert sm.attach(con, store, [RUN], effective_params({}))
+    cap = 64 << 20
+    folder = sm.limit_memory(con, store, cap)
+    assert folder.parent == store.resolve() and folder.is_dir()
+    assert con.execute("SELECT current_setting('memory_limit'), current_setting('temp_directory')").fetchone() \
+        == ("64.0 MiB", str(folder))
+    other = duckdb.connect()                   # another connection of the process keeps DuckDB's default
+    assert other.execute("SELECT current_setting('memory_limit')").fetchone()[0] != "64.0 MiB"
+    other.close()
+    capped = compute(con)
+    con.close()
+    del con
+    gc.collect()
+    assert not folder.exists()                 # the spill folder goes with the connection
+    assert [k for k in first if not first[k].equals(capped[k])] == []
+
+    monkeypatch.setattr(sm, "REDUCE_MEMORY_BYTES", 0)   # 0: no cap (DuckDB's default)
+    con = connect(store)
+    assert sm.limit_memory(con, store) is None
+    con.close()
