@@ -43,3 +43,19 @@ def test_the_reduce_spills_under_its_cap_with_the_same_results(tmp_path_factory,
     con = connect(store)
     assert sm.limit_memory(con, store) is None
     con.close()
+
+
+def test_a_cap_too_small_is_raised_not_fatal(tmp_path_factory, monkeypatch):
+    """Below what DuckDB needs for operators that cannot spill (~16 MB here) the reduce runs out of
+    memory: the cap doubles (one warning line each time) and the analyses go on to the same results."""
+    import pytest
+
+    from traceanalyzer.analyses import summaries as sm
+    from traceanalyzer.analyses.results import analyze
+    from traceanalyzer.errors import StoreWarning
+    store = ingest_runs(tmp_path_factory, "reduce_memory_small", (RUN,), workers=1)
+    first = analyze(store)
+    monkeypatch.setattr(sm, "REDUCE_MEMORY_BYTES", 8 << 20)
+    with pytest.warns(StoreWarning, match="ran out of memory under its cap of (8|16) MiB"):
+        again = analyze(store)
+    assert [k for k in first if not first[k].equals(again[k])] == []

@@ -361,6 +361,29 @@ def limit_memory(con, store, memory_bytes: int | None = None):
     return folder
 
 
+def under_cap(con, fn, memory_bytes: int | None = None):
+    """``fn()`` (the reduce's queries on ``con``, capped by :func:`limit_memory`); where DuckDB runs
+    out of memory under the cap all the same (an operator that cannot spill), the cap doubles and
+    ``fn`` runs again (the views made so far are kept: ``bind`` goes on from there), up to DuckDB's
+    own default (80 % of the machine's memory), past which the error is raised."""
+    import duckdb
+    cap = REDUCE_MEMORY_BYTES if memory_bytes is None else memory_bytes
+    ceiling = 0.8 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # DuckDB's default
+    while True:
+        try:
+            return fn()
+        except duckdb.OutOfMemoryException:
+            if not cap or cap >= ceiling:
+                raise
+            import warnings
+
+            from ..errors import StoreWarning
+            was, cap = cap, int(min(2 * cap, ceiling))
+            warnings.warn(StoreWarning(f"the analyses' reduce ran out of memory under its cap of {was >> 20} MiB "
+                                       f"(summaries.REDUCE_MEMORY_BYTES): going on with {cap >> 20} MiB"), stacklevel=2)
+            con.execute(f"SET memory_limit = '{cap}B'")
+
+
 def _remote_reader(con, loc, saved, runs):
     from ..store.remote import readable
     where, folder = readable(loc, [f for r in runs for fs in saved[r]["files"].values() for f in fs])
