@@ -19,7 +19,8 @@ offsets), which are cross-rank but read only ``comms``, ``steps`` and ``ranks``.
 The key of a run's summaries covers its data (the files the manifest lists for it), the analysis
 parameters, the SQL of every module and the package version: any change makes the next
 ``analyze`` compute them again (the old files are then garbage). Memory of a map task is that of
-one rank; the reduce reads compact per-rank tables (plus ``comms``), not events.
+one rank; the reduce reads compact per-rank tables (plus ``comms``), not events, with its DuckDB
+memory capped (:func:`limit_memory`: it spills above :data:`REDUCE_MEMORY_BYTES`).
 """
 from __future__ import annotations
 
@@ -186,13 +187,15 @@ def rank_chunks(loc, manifest, run: str, n_workers: int = 1) -> list[list[int]]:
 
 
 def align_task(store: str, run: str, params: dict, out: str) -> dict:
-    """Compute the run's ``align`` views; returns {view: (path, types)}."""
+    """Compute the run's ``align`` views; returns {view: (path, types)}. Runs in the driver and reads
+    every rank's ``comms``: its memory is capped like the reduce's (:func:`limit_memory`)."""
     from . import prepare
     con = _open(store, run)
     Path(out).mkdir(parents=True, exist_ok=True)
     try:
         views = M.scoped("align")
-        prepare(con, views=views, **params)
+        limit_memory(con, store)
+        under_cap(con, lambda: prepare(con, views=views, **params))
         return {v: (str(Path(out) / f"{v}.parquet"), _write(con, v, Path(out) / f"{v}.parquet")) for v in views}
     finally:
         con.close()
