@@ -90,7 +90,11 @@ def main(argv=None) -> int:
                 continue
             t, r = time.perf_counter(), rss_mb()
             table, made = M._AS_TABLE_RE.subn(r"CREATE OR REPLACE TEMP TABLE \1 AS", statement.query, count=1)
-            con.execute(table if m and made else statement)
+            try:
+                con.execute(table if m and made else statement)
+            except Exception as e:
+                print(f"{m.group(1) if m else name}: {str(e).splitlines()[0]}", file=sys.stderr)
+                raise
             if m:
                 view = m.group(1)
                 n, ncols = con.execute(f"SELECT count(*) FROM {view}").fetchone()[0], len(con.execute(

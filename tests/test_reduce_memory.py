@@ -9,16 +9,21 @@ from __future__ import annotations
 import gc
 
 import duckdb
+import pytest
 from conftest import ingest_runs
 
 RUN = "ddp_gloo_4rank_slow2"
 
 
-def test_the_reduce_spills_under_its_cap_with_the_same_results(tmp_path_factory, monkeypatch):
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    return ingest_runs(tmp_path_factory, "reduce_memory", (RUN,), workers=1)
+
+
+def test_the_reduce_spills_under_its_cap_with_the_same_results(store, monkeypatch):
     from traceanalyzer.analyses import connect
     from traceanalyzer.analyses import summaries as sm
     from traceanalyzer.analyses.results import analyze, compute, effective_params
-    store = ingest_runs(tmp_path_factory, "reduce_memory", (RUN,), workers=1)
     first = analyze(store)                     # the map, then the reduce under the default cap
     assert sum(len(d) for d in first.values()) > 100
 
@@ -45,17 +50,36 @@ def test_the_reduce_spills_under_its_cap_with_the_same_results(tmp_path_factory,
     con.close()
 
 
-def test_a_cap_too_small_is_raised_not_fatal(tmp_path_factory, monkeypatch):
+def test_a_cap_too_small_is_raised_not_fatal(store, monkeypatch):
     """Below what DuckDB needs for operators that cannot spill (~16 MB here) the reduce runs out of
     memory: the cap doubles (one warning line each time) and the analyses go on to the same results."""
-    import pytest
-
     from traceanalyzer.analyses import summaries as sm
     from traceanalyzer.analyses.results import analyze
     from traceanalyzer.errors import StoreWarning
-    store = ingest_runs(tmp_path_factory, "reduce_memory_small", (RUN,), workers=1)
     first = analyze(store)
     monkeypatch.setattr(sm, "REDUCE_MEMORY_BYTES", 8 << 20)
     with pytest.warns(StoreWarning, match="ran out of memory under its cap of (8|16) MiB"):
         again = analyze(store)
     assert [k for k in first if not first[k].equals(again[k])] == []
+
+
+def test_annotation_excess_is_the_median_of_the_other_ranks(store):
+    """_user_annotation_excess reads only the middle values of each (step, phase, name) (linear in
+    the ranks, where the sorted list joined to every row was quadratic and could not spill): each
+    row's others_ns is DuckDB's own median over the other ranks' rows (a self-join, fine at 4 ranks)."""
+    from traceanalyzer.analyses import connect, prepare
+    con = prepare(connect(store), views=["_user_annotation_excess"])
+    try:
+        n, wrong = con.execute("""
+            WITH ref AS (
+                SELECT a.run, a.rank, a.step, a.phase, a.name, median(b.ns) AS others_ns
+                FROM _user_annotation_excess a JOIN _user_annotation_excess b
+                  ON b.run = a.run AND b.step = a.step AND b.phase = a.phase AND b.name = a.name AND b.rank <> a.rank
+                GROUP BY ALL)
+            SELECT count(*), count(*) FILTER (WHERE x.others_ns IS DISTINCT FROM r.others_ns
+                                              OR x.excess_ns IS DISTINCT FROM x.ns - r.others_ns)
+            FROM _user_annotation_excess x JOIN ref r USING (run, rank, step, phase, name)""").fetchone()
+        total = con.execute("SELECT count(*) FROM _user_annotation_excess").fetchone()[0]
+    finally:
+        con.close()
+    assert n == total > 50 and wrong == 0
