@@ -37,8 +37,9 @@ def child(store: str, cap: int) -> dict:
     t0 = time.perf_counter()
     res = analyze(store)
     seconds = time.perf_counter() - t0
+    peak_kb = harness.proc_status_kb("VmHWM")   # analyze's own peak (to_json below builds the whole document)
     doc = to_json(res, {})
-    return {"seconds": seconds, "rows": sum(len(d) for d in res.values()),
+    return {"seconds": seconds, "analyze_peak_kb": peak_kb, "rows": sum(len(d) for d in res.values()),
             "sha256": hashlib.sha256(doc.encode()).hexdigest()[:16]}
 
 
@@ -49,10 +50,11 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--append", action="store_true", help="append the table to benchmarks/RESULTS.md")
     ap.add_argument("--json-out", type=Path)
+    ap.add_argument("--capped-only", action="store_true", help="leave out the run without a cap")
     args = ap.parse_args(argv)
     start = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     machine = harness.machine_line()
-    caps = [0] + [int(float(c)) for c in args.caps.split(",") if int(float(c))]
+    caps = ([] if args.capped_only else [0]) + [int(float(c)) for c in args.caps.split(",") if int(float(c))]
     rows = []
     for store in args.stores:
         import traceanalyzer as ta
@@ -66,7 +68,7 @@ def main(argv=None) -> int:
                                     timeout_s=args.timeout, expect_result=True)
             row = {"store": store, "ranks": ranks, "cap": cap, "load_start": load,
                    **{k: res.get(k) for k in ("ok", "error", "seconds", "cpu_seconds", "child_maxrss_kb",
-                                              "polled_peak_kb", "rows", "sha256", "log_tail")}}
+                                              "polled_peak_kb", "analyze_peak_kb", "rows", "sha256", "log_tail")}}
             print(json.dumps({k: v for k, v in row.items() if k != "log_tail"}), flush=True)
             rows.append(row)
             if args.json_out:
@@ -83,14 +85,14 @@ def render(rows: list[dict], args, start: str, machine: str) -> str:
            f"- command: `python benchmarks/reduce_scale.py {' '.join(args.stores)} --caps {args.caps}`",
            f"- machine: {machine}",
            "- each row: `analyze` of a store whose summaries are current (the reduce alone) in its own process\n",
-           "| ranks | cap | wall (s) | CPU (s) | peak RSS | per rank (KB) | rows | JSON sha256 | load at start |",
+           "| ranks | cap | wall (s) | CPU (s) | peak RSS | analyze's peak | rows | JSON sha256 | load at start |",
            "|---:|---|---:|---:|---:|---:|---:|---|---:|"]
     for r in rows:
         kb = r.get("child_maxrss_kb") or 0
         cap = "none" if not r["cap"] else f"{r['cap'] / 2**20:.0f} MiB"
         t = f"{r['seconds']:.1f}" if r.get("ok") else f"failed ({r.get('error')})"
-        out.append(f"| {r['ranks']} | {cap} | {t} | {r.get('cpu_seconds') or 0:.1f} | {kb / 1e6:.2f} GB | "
-                   f"{kb / r['ranks']:.0f} | {r.get('rows') or ''} | {r.get('sha256') or ''} | {r['load_start']} |")
+        out.append(f"| {r['ranks']} | {cap} | {t} | {r.get('cpu_seconds') or 0:.1f} | {kb * 1024 / 1e9:.2f} GB | "
+                   f"{(r.get('analyze_peak_kb') or 0) * 1024 / 1e9:.2f} GB | {r.get('rows') or ''} | {r.get('sha256') or ''} | {r['load_start']} |")
     return "\n".join(out) + "\n"
 
 
