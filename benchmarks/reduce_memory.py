@@ -58,8 +58,12 @@ def main(argv=None) -> int:
     t0, r0 = time.perf_counter(), rss_mb()
     con = connect(args.store)
     if args.memory_limit:
+        import shutil
         import tempfile
-        con.execute(f"SET temp_directory = '{tempfile.mkdtemp(prefix='reduce-spill-')}'")
+        import weakref
+        spill = tempfile.mkdtemp(prefix="reduce-spill-")
+        weakref.finalize(con, shutil.rmtree, spill, True)
+        con.execute(f"SET temp_directory = '{spill}'")
         con.execute(f"SET memory_limit = '{args.memory_limit}'")
     if args.threads:
         con.execute(f"SET threads = {args.threads}")
