@@ -51,8 +51,8 @@ FOLDER = "_summaries"
 #: temporary tables spill to a work folder of the store (:func:`limit_memory`), so the driver's
 #: memory does not grow with the rank count (issue 18). The driver's peak is about this plus
 #: ~0.2-0.3 GB (0.44 / 0.49 / 0.55 GB at 128 / 512 / 1,024 ranks; 0.51 / 1.34 / 2.57 GB without a
-#: cap); spilling costs up to ~20 % more CPU at 1,024 ranks (benchmarks/RESULTS.md). A setting of that connection's own
-#: database, never process-global; 0: no cap (DuckDB's default, 80 % of the machine's memory).
+#: cap); spilling costs up to ~20 % more CPU at 1,024 ranks (benchmarks/RESULTS.md). A setting of
+#: that connection's own database, never process-global; 0: no cap (DuckDB's default, 80 % of RAM).
 REDUCE_MEMORY_BYTES = 256 << 20
 #: canonical tables and views of a store connection (what a view may read besides other views)
 _IDENT_RE = re.compile(r"\b([A-Za-z_]\w*)\b")
