@@ -126,11 +126,15 @@ def analyze(store: str | os.PathLike, run: str | None = None, only: list[str] | 
     con = connect(store)
     try:
         runs = [resolve_run(con, run, where=store)] if run is not None else store_runs(con)
+        results = None
         if summaries and save_results and st.writable(st.location(store)):
             from . import summaries as sm
             sm.ensure(store, runs, effective_params(params), dask=dask, n_workers=n_workers)
-            sm.attach(con, store, runs, effective_params(params))
-        results = compute(con, run=run, only=only, **params)
+            if sm.attach(con, store, runs, effective_params(params)):  # the reduce: memory capped, spills
+                sm.limit_memory(con, store)
+                results = sm.under_cap(con, lambda: compute(con, run=run, only=only, **params))
+        if results is None:
+            results = compute(con, run=run, only=only, **params)
     finally:
         con.close()
     if save_results:

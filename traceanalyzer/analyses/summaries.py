@@ -19,7 +19,8 @@ offsets), which are cross-rank but read only ``comms``, ``steps`` and ``ranks``.
 The key of a run's summaries covers its data (the files the manifest lists for it), the analysis
 parameters, the SQL of every module and the package version: any change makes the next
 ``analyze`` compute them again (the old files are then garbage). Memory of a map task is that of
-one rank; the reduce reads compact per-rank tables (plus ``comms``), not events.
+one rank; the reduce reads compact per-rank tables (plus ``comms``), not events, with its DuckDB
+memory capped (:func:`limit_memory`: it spills above :data:`REDUCE_MEMORY_BYTES`).
 """
 from __future__ import annotations
 
@@ -46,6 +47,13 @@ MAP_TASK_RANKS = 16
 ENTRY = "summaries"
 #: folder of the summaries in the store
 FOLDER = "_summaries"
+#: DuckDB memory of the driver's connections (align, reduce; bytes): above it, their operators and
+#: temporary tables spill to a work folder of the store (:func:`limit_memory`), so the driver's
+#: memory does not grow with the rank count (issue 18). The driver's peak is about this plus
+#: ~0.2-0.3 GB (0.44 / 0.49 / 0.55 GB at 128 / 512 / 1,024 ranks; 0.51 / 1.34 / 2.57 GB without a
+#: cap); spilling costs up to ~20 % more CPU at 1,024 ranks (benchmarks/RESULTS.md). A setting of
+#: that connection's own database, never process-global; 0: no cap (DuckDB's default, 80 % of RAM).
+REDUCE_MEMORY_BYTES = 256 << 20
 #: canonical tables and views of a store connection (what a view may read besides other views)
 _IDENT_RE = re.compile(r"\b([A-Za-z_]\w*)\b")
 
@@ -182,13 +190,15 @@ def rank_chunks(loc, manifest, run: str, n_workers: int = 1) -> list[list[int]]:
 
 
 def align_task(store: str, run: str, params: dict, out: str) -> dict:
-    """Compute the run's ``align`` views; returns {view: (path, types)}."""
+    """Compute the run's ``align`` views; returns {view: (path, types)}. Runs in the driver and reads
+    every rank's ``comms``: its memory is capped like the reduce's (:func:`limit_memory`)."""
     from . import prepare
     con = _open(store, run)
     Path(out).mkdir(parents=True, exist_ok=True)
     try:
         views = M.scoped("align")
-        prepare(con, views=views, **params)
+        limit_memory(con, store)
+        under_cap(con, lambda: prepare(con, views=views, **params))
         return {v: (str(Path(out) / f"{v}.parquet"), _write(con, v, Path(out) / f"{v}.parquet")) for v in views}
     finally:
         con.close()
@@ -339,6 +349,45 @@ def attach(con, store, runs: list[str], params: dict) -> list[str]:
         paths = [where(f) for r in runs for f in saved[r]["files"].get(view, [])]
         M.provide(con, view, select(paths, saved[runs[0]]["types"][view]))
     return views
+
+
+def limit_memory(con, store, memory_bytes: int | None = None):
+    """Cap ``con``'s DuckDB memory at ``memory_bytes`` (default :data:`REDUCE_MEMORY_BYTES`; 0: no
+    cap) with its spill files in a work folder of the store (a local temporary folder for a remote
+    store), removed with the connection. Both are settings of ``con``'s own in-memory database:
+    nothing process-global changes. Returns the folder (None when no cap)."""
+    memory_bytes = REDUCE_MEMORY_BYTES if memory_bytes is None else memory_bytes
+    if not memory_bytes:
+        return None
+    import weakref
+    folder = Path(writers.new_work_folder(st.location(store))).resolve()
+    con.execute(f"SET temp_directory = '{_quote(str(folder))}'")
+    con.execute(f"SET memory_limit = '{int(memory_bytes)}B'")
+    weakref.finalize(con, shutil.rmtree, str(folder), True)
+    return folder
+
+
+def under_cap(con, fn, memory_bytes: int | None = None):
+    """``fn()`` (the reduce's queries on ``con``, capped by :func:`limit_memory`); where DuckDB runs
+    out of memory under the cap all the same (an operator that cannot spill), the cap doubles and
+    ``fn`` runs again (the views made so far are kept: ``bind`` goes on from there), up to DuckDB's
+    own default (80 % of the machine's memory), past which the error is raised."""
+    import duckdb
+    cap = REDUCE_MEMORY_BYTES if memory_bytes is None else memory_bytes
+    ceiling = 0.8 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")  # DuckDB's default
+    while True:
+        try:
+            return fn()
+        except duckdb.OutOfMemoryException:
+            if not cap or cap >= ceiling:
+                raise
+            import warnings
+
+            from ..errors import StoreWarning
+            was, cap = cap, int(min(2 * cap, ceiling))
+            warnings.warn(StoreWarning(f"the analyses' reduce ran out of memory under its cap of {was >> 20} MiB "
+                                       f"(summaries.REDUCE_MEMORY_BYTES): going on with {cap >> 20} MiB"), stacklevel=2)
+            con.execute(f"SET memory_limit = '{cap}B'")
 
 
 def _remote_reader(con, loc, saved, runs):

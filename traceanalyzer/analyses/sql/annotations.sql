@@ -54,10 +54,13 @@ GROUP BY ALL;
 -- excess). Columns: run, rank, step, phase, name, ns, others_ns, excess_ns.
 -- Why not a self-join (each rank against every other): at 128 ranks that is 127 rows per grid row
 -- (~19 M), and DuckDB plans it inside the straggler joins badly enough to spill gigabytes. Instead
--- each (step, phase, name) keeps its values sorted once (_sorted), and the median of the others
--- of the value at sorted position i is read from that list with position i left out:
+-- each (step, phase, name) sorts its values once (position i), and the median of the others of the
+-- value at sorted position i is read from the group's values with position i left out:
 -- others(k) = v[k] for k < i, v[k + 1] from i on; with c = n - 1 others, the median is others((c-1)/2)
--- for odd c, the mean of others(c/2 - 1) and others(c/2) for even c (as DuckDB's median).
+-- for odd c, the mean of others(c/2 - 1) and others(c/2) for even c (as DuckDB's median). Those
+-- positions (k1, k2) are the group's, so only the values at k1, k1 + 1, k2, k2 + 1 are needed: one
+-- row per group (_middle), not the sorted list joined to every rank's row (that read n values per
+-- row: n^2 per group, 1.2 G values at 1,024 ranks, and a hash table the reduce could not spill).
 CREATE OR REPLACE TEMP VIEW _user_annotation_excess AS
 WITH names AS (SELECT DISTINCT run, phase, name FROM _user_annotation_time),
 grid AS (
@@ -66,26 +69,26 @@ grid AS (
     LEFT JOIN _user_annotation_time t USING (run, rank, step, phase, name)
 ),
 _ranked AS (
-    SELECT *, row_number() OVER (PARTITION BY run, step, phase, name ORDER BY ns, rank) - 1 AS i
+    SELECT *, row_number() OVER (PARTITION BY run, step, phase, name ORDER BY ns, rank) - 1 AS i,
+              count(*) OVER (PARTITION BY run, step, phase, name) - 1 AS c
     FROM grid
 ),
-_sorted AS (
-    SELECT run, step, phase, name, list(ns ORDER BY ns, rank) AS v, count(*) AS n
-    FROM grid GROUP BY ALL
-),
-_others AS (
-    SELECT r.run, r.rank, r.step, r.phase, r.name, r.ns, r.i, s.v, s.n - 1 AS c
-    FROM _ranked r JOIN _sorted s USING (run, step, phase, name)
-    WHERE s.n > 1
-),
 _mid AS (  -- 0-based positions among the others of the one or two middle values
-    SELECT *, CASE WHEN c % 2 = 1 THEN (c - 1) // 2 ELSE c // 2 - 1 END AS k1, c // 2 AS k2 FROM _others
+    SELECT *, CASE WHEN c % 2 = 1 THEN (c - 1) // 2 ELSE c // 2 - 1 END AS k1, c // 2 AS k2 FROM _ranked WHERE c > 0
+),
+_middle AS (  -- per group: the values at sorted positions k1, k1 + 1, k2, k2 + 1
+    SELECT run, step, phase, name,
+           any_value(ns) FILTER (WHERE i = k1) AS v_k1, any_value(ns) FILTER (WHERE i = k1 + 1) AS v_k1_next,
+           any_value(ns) FILTER (WHERE i = k2) AS v_k2, any_value(ns) FILTER (WHERE i = k2 + 1) AS v_k2_next
+    FROM _mid GROUP BY run, step, phase, name
+),
+_pick AS (
+    SELECT m.run, m.rank, m.step, m.phase, m.name, m.ns, m.c,
+           CASE WHEN m.k1 < m.i THEN g.v_k1 ELSE g.v_k1_next END AS o1,
+           CASE WHEN m.k2 < m.i THEN g.v_k2 ELSE g.v_k2_next END AS o2
+    FROM _mid m JOIN _middle g USING (run, step, phase, name)
 )
 SELECT run, rank, step, phase, name, ns,
-       CASE WHEN c % 2 = 1 THEN v[(CASE WHEN k1 < i THEN k1 ELSE k1 + 1 END) + 1]
-            ELSE (v[(CASE WHEN k1 < i THEN k1 ELSE k1 + 1 END) + 1] + v[(CASE WHEN k2 < i THEN k2 ELSE k2 + 1 END) + 1]) / 2.0
-       END AS others_ns,
-       ns - CASE WHEN c % 2 = 1 THEN v[(CASE WHEN k1 < i THEN k1 ELSE k1 + 1 END) + 1]
-                 ELSE (v[(CASE WHEN k1 < i THEN k1 ELSE k1 + 1 END) + 1] + v[(CASE WHEN k2 < i THEN k2 ELSE k2 + 1 END) + 1]) / 2.0
-            END AS excess_ns
-FROM _mid;
+       CASE WHEN c % 2 = 1 THEN o1 ELSE (o1 + o2) / 2.0 END AS others_ns,
+       ns - CASE WHEN c % 2 = 1 THEN o1 ELSE (o1 + o2) / 2.0 END AS excess_ns
+FROM _pick;
