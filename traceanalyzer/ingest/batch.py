@@ -185,17 +185,17 @@ def _parse_one(path: str, rank_arg: int | None, staging: str, opts: dict | None 
     from .nsys import looks_like_sqlite
     from .op_timeline import is_op_timeline, is_rank_files
     from .op_timeline import load as load_op_timeline
-    from .op_timeline.stage import write_options
+    from .op_timeline.stage import stage_all as stage_op_timeline
     from .prebuilt import build_trace
     from .sidecars import check_rank_manifest
     try:
         opts = opts or {}
         if is_rank_files(path):  # the light collector's per-rank op timelines of one run, read together
-            return ("ok", [_stage(path, b, staging, options=write_options) for b in load_op_timeline(path, opts.get("column_map"))])
+            return ("ok", stage_op_timeline(path, load_op_timeline(path, opts.get("column_map")), staging))
         if looks_like_sqlite(path) or path.endswith(_SQLITE_SUFFIXES):  # Nsight Systems: a rank per GPU process
             return ("ok", [_stage(path, b, staging) for b in load_nsys(path, rank_arg)])
         if opts.get("format") == "op-timeline" or is_op_timeline(path, opts.get("column_map")):  # every rank in one file
-            return ("ok", [_stage(path, b, staging, options=write_options) for b in load_op_timeline(path, opts.get("column_map"))])
+            return ("ok", stage_op_timeline(path, load_op_timeline(path, opts.get("column_map")), staging))
         built, shapes_on, _, _ = build_trace(path, rank_arg)
         check_rank_manifest(path, built.rank, built.rank_source)
         summary = _stage(path, built, staging, shapes_on)
@@ -214,9 +214,8 @@ def _parse_one(path: str, rank_arg: int | None, staging: str, opts: dict | None 
         return ("error", path, f"internal error while parsing ({type(exc).__name__}: {exc})", traceback.format_exc())
 
 
-def _stage(path: str, built, staging: str, shapes_on: bool = False, options=None) -> TraceSummary:
-    """Write one rank's tables (comms included) into a fresh staging folder (``options(name,
-    schema)``: Parquet writer options of a table, else the store's defaults)."""
+def _stage(path: str, built, staging: str, shapes_on: bool = False) -> TraceSummary:
+    """Write one rank's tables (comms included) into a fresh staging folder."""
     if not Path(staging).is_dir():  # a cluster's worker without the store, or an ingest already given up
         raise TraceInputError(path, f"the store's staging folder {staging} is not there on this machine: "
                                     "the workers of a cluster need the store on a shared file system")
@@ -225,8 +224,7 @@ def _stage(path: str, built, staging: str, shapes_on: bool = False, options=None
     staged = {}
     for name, table in built.tables.items():
         out = folder / f"{name}.parquet"
-        table = table.select(S.TABLES[name].column_names)
-        st.write_table(table, out, **(options(name, table.schema) if options else {}))
+        st.write_table(table.select(S.TABLES[name].column_names), out)
         staged[name] = str(out)
     counts = {name: table.num_rows for name, table in built.tables.items()}
     return TraceSummary(str(Path(path).resolve()), built.rank, built.rank_source, built.start_ts_ns,

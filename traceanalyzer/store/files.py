@@ -449,8 +449,6 @@ def put_table(store: Path | Remote, table: pa.Table, stem: str) -> str:
     return rel
 
 
-def write_table(table: pa.Table, path: Path, **options) -> None:
-    """Write one table file of the store (``options``: other Parquet writer options, e.g. an op
-    timeline's encodings, :mod:`traceanalyzer.ingest.op_timeline.stage`)."""
+def write_table(table: pa.Table, path: Path) -> None:
     import pyarrow.parquet as pq
-    pq.write_table(table, path, **{"compression": "zstd", "row_group_size": 256 * 1024, **options})
+    pq.write_table(table, path, compression="zstd", row_group_size=256 * 1024)

@@ -164,20 +164,24 @@ def _ints(path, t, name) -> np.ndarray:
 
 def _coords(keys: list[np.ndarray], coords: dict, conflicts: list) -> None:
     """Add each rank's (dp, pp, tp, cp, ep) of these rows to ``coords``; a rank with two sets goes
-    to ``conflicts``. O(rows): rows are grouped by rank, then a rank's first set is compared with
-    every row's."""
+    to ``conflicts``. O(rows): rows are grouped by rank (sorted first unless they are), then a
+    rank's first set is compared with every row's."""
     rank = keys[0]
-    order = np.argsort(rank, kind="stable")
-    k = np.stack([x[order] for x in keys], axis=1)
-    first = np.flatnonzero(np.r_[True, k[1:, 0] != k[:-1, 0]])
-    lead = np.repeat(first, np.diff(np.r_[first, len(k)]))
-    differ = np.flatnonzero((k[:, 1:] != k[lead, 1:]).any(axis=1))
+    order = None if len(rank) < 2 or (rank[1:] >= rank[:-1]).all() else np.argsort(rank, kind="stable")
+    k = keys if order is None else [x[order] for x in keys]
+    rank = k[0]
+    first = np.flatnonzero(np.r_[True, rank[1:] != rank[:-1]])
+    lead = np.repeat(first, np.diff(np.r_[first, len(rank)]))
+    differ = np.zeros(len(rank), bool)
+    for col in k[1:]:
+        differ |= col != col[lead]
+    at = lambda i: tuple(int(col[i]) for col in k[1:])  # noqa: E731
     for i in first.tolist():
-        r, c = int(k[i, 0]), tuple(int(x) for x in k[i, 1:])
+        r, c = int(rank[i]), at(i)
         if coords.setdefault(r, c) != c:
             conflicts.append((r, coords[r], c))
-    for i in differ[:1].tolist():
-        conflicts.append((int(k[i, 0]), tuple(int(x) for x in k[lead[i], 1:]), tuple(int(x) for x in k[i, 1:])))
+    for i in np.flatnonzero(differ)[:1].tolist():
+        conflicts.append((int(rank[i]), at(lead[i]), at(i)))
 
 
 def blocks(s: Scan, schema, columns: list[str], block_rows: int = BLOCK_ROWS, rank_col: str = "rank",
