@@ -186,16 +186,17 @@ def _parse_one(path: str, rank_arg: int | None, staging: str, opts: dict | None 
     from .nsys import looks_like_sqlite
     from .op_timeline import is_op_timeline, is_rank_files
     from .op_timeline import load as load_op_timeline
+    from .op_timeline.stage import stage_all as stage_op_timeline
     from .prebuilt import build_trace
     from .sidecars import check_rank_manifest
     try:
         opts = opts or {}
         if is_rank_files(path):  # the light collector's per-rank op timelines of one run, read together
-            return ("ok", [_stage(path, b, staging) for b in load_op_timeline(path, opts.get("column_map"))])
+            return ("ok", stage_op_timeline(path, load_op_timeline(path, opts.get("column_map")), staging))
         if looks_like_sqlite(path) or path.endswith(_SQLITE_SUFFIXES):  # Nsight Systems: a rank per GPU process
             return ("ok", [_stage(path, b, staging) for b in load_nsys(path, rank_arg)])
         if opts.get("format") == "op-timeline" or is_op_timeline(path, opts.get("column_map")):  # every rank in one file
-            return ("ok", [_stage(path, b, staging) for b in load_op_timeline(path, opts.get("column_map"))])
+            return ("ok", stage_op_timeline(path, load_op_timeline(path, opts.get("column_map")), staging))
         built, shapes_on, _, _ = build_trace(path, rank_arg)
         check_rank_manifest(path, built.rank, built.rank_source)
         summary = _stage(path, built, staging, shapes_on)

@@ -39,8 +39,8 @@ def resolve(summaries) -> int:
     returns the number of collective rows given a group."""
     tables, groups, descs = {}, {}, {}
     for s in summaries:
-        f = pq.ParquetFile(s.staged["comms"])  # one file: no dataset discovery
-        if s.rank_source == "op_timeline" or not _any_unknown(f.read(columns=["is_p2p", "pg_name", "dialect"])):
+        f = None if s.rank_source == "op_timeline" else pq.ParquetFile(s.staged["comms"])  # one file: no dataset discovery
+        if f is None or not _any_unknown(f.read(columns=["is_p2p", "pg_name", "dialect"])):
             tables.setdefault(s.rank, []).append((s, []))  # no row to resolve (an op timeline's groups are known)
             continue
         comms = f.read().to_pylist()

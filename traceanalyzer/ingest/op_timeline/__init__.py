@@ -225,11 +225,20 @@ def _arrays(path, t: pa.Table, cols: dict, to_ns: float, ops_u: list[str]) -> di
     code = pc.index_in(t.column(cols["op"]).cast(pa.string()), value_set=pa.array(ops_u, pa.string()))
     code = code.to_numpy(zero_copy_only=False).astype(np.int64)
     seq = ints("seq", -1) if cols["seq"] else _order_seq(rank, step, code, ts)
-    order = np.lexsort((ts, rank))
     a = {"rank": rank, "step": step, "ts": ts, "dur": dur, "mb": mb, "seq": seq, "vpp": vpp, "code": code}
-    a = {k: v[order] for k, v in a.items()}
+    if not _sorted_by_rank_time(rank, ts):   # a stable sort: rows already in order stay as they are
+        order = np.lexsort((ts, rank))
+        a = {k: v[order] for k, v in a.items()}
     a["hosts"] = _hosts(path, t, cols["host"], rank)
     return a
+
+
+def _sorted_by_rank_time(rank: np.ndarray, ts: np.ndarray) -> bool:
+    """Are the rows in (rank, start) order already (a file sorted by rank, each rank's ops in time order)?"""
+    if len(rank) < 2:
+        return True
+    d_rank = np.diff(rank)
+    return bool((d_rank >= 0).all() and ((d_rank > 0) | (ts[1:] >= ts[:-1])).all())
 
 
 def _hosts(path, t: pa.Table, col: str | None, rank: np.ndarray) -> dict[int, str]:

@@ -20,8 +20,9 @@ import pyarrow.compute as pc
 
 from ...errors import TraceInputError
 
-#: Rows read and converted at a time (the canonical tables of one block take ~0.5 kB a row).
-BLOCK_ROWS = 2_000_000
+#: Rows converted at a time (the canonical tables of one block take ~0.5 kB a row; a block of
+#: 2 M rows cost twice the CPU of 256 k ones: fresh pages for every array instead of reused memory).
+BLOCK_ROWS = 262_144
 
 
 @dataclass
@@ -163,20 +164,24 @@ def _ints(path, t, name) -> np.ndarray:
 
 def _coords(keys: list[np.ndarray], coords: dict, conflicts: list) -> None:
     """Add each rank's (dp, pp, tp, cp, ep) of these rows to ``coords``; a rank with two sets goes
-    to ``conflicts``. O(rows): rows are grouped by rank, then a rank's first set is compared with
-    every row's."""
+    to ``conflicts``. O(rows): rows are grouped by rank (sorted first unless they are), then a
+    rank's first set is compared with every row's."""
     rank = keys[0]
-    order = np.argsort(rank, kind="stable")
-    k = np.stack([x[order] for x in keys], axis=1)
-    first = np.flatnonzero(np.r_[True, k[1:, 0] != k[:-1, 0]])
-    lead = np.repeat(first, np.diff(np.r_[first, len(k)]))
-    differ = np.flatnonzero((k[:, 1:] != k[lead, 1:]).any(axis=1))
+    order = None if len(rank) < 2 or (rank[1:] >= rank[:-1]).all() else np.argsort(rank, kind="stable")
+    k = keys if order is None else [x[order] for x in keys]
+    rank = k[0]
+    first = np.flatnonzero(np.r_[True, rank[1:] != rank[:-1]])
+    lead = np.repeat(first, np.diff(np.r_[first, len(rank)]))
+    differ = np.zeros(len(rank), bool)
+    for col in k[1:]:
+        differ |= col != col[lead]
+    at = lambda i: tuple(int(col[i]) for col in k[1:])  # noqa: E731
     for i in first.tolist():
-        r, c = int(k[i, 0]), tuple(int(x) for x in k[i, 1:])
+        r, c = int(rank[i]), at(i)
         if coords.setdefault(r, c) != c:
             conflicts.append((r, coords[r], c))
-    for i in differ[:1].tolist():
-        conflicts.append((int(k[i, 0]), tuple(int(x) for x in k[lead[i], 1:]), tuple(int(x) for x in k[i, 1:])))
+    for i in np.flatnonzero(differ)[:1].tolist():
+        conflicts.append((int(rank[i]), at(lead[i]), at(i)))
 
 
 def blocks(s: Scan, schema, columns: list[str], block_rows: int = BLOCK_ROWS, rank_col: str = "rank",
@@ -203,7 +208,27 @@ def blocks(s: Scan, schema, columns: list[str], block_rows: int = BLOCK_ROWS, ra
         else:
             parts, n = [], 0
         if t.num_rows:
-            yield t
+            yield from _cut(t, rank_col, block_rows)
+
+
+def _cut(t: pa.Table, rank_col: str, block_rows: int):
+    """A table sorted by rank as zero-copy slices of whole ranks, about ``block_rows`` rows each (a
+    row group of the file may hold many: small blocks keep the conversion's arrays in the allocator's
+    reused memory instead of fresh pages)."""
+    if t.num_rows <= block_rows:
+        yield t
+        return
+    rank = t.column(rank_col).to_numpy()
+    if (rank[1:] < rank[:-1]).any():   # ranks interleaved inside a row group: sorted first
+        yield from _split(t, rank_col, block_rows)
+        return
+    lo = 0
+    while lo < len(rank):
+        hi = min(len(rank), lo + block_rows)
+        if hi < len(rank):
+            hi = int(np.searchsorted(rank, rank[hi - 1], "right"))
+        yield t.slice(lo, hi - lo)
+        lo = hi
 
 
 def _split(t: pa.Table, rank_col: str, block_rows: int):
