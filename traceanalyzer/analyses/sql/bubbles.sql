@@ -57,9 +57,13 @@ pending AS (  -- when each receive (or send, or collective) was outstanding, and
     WHERE r.wait_ns > 0   -- on the rank's own clock (collectives.sql aligns clocks; pipeline_idle does not)
 ),
 calls AS (SELECT run, rank, enqueue_ts_ns AS ts_ns FROM calls_all),
-pending_next AS (  -- a send, and the rank's first communication call after the send completed
+pending_next AS (  -- a send, and the rank's first communication call after the send completed (only
+    -- a send's is read: receives and collectives skip the search)
     SELECT p.*, c.ts_ns AS next_call_ns
-    FROM pending p ASOF LEFT JOIN calls c ON c.run = p.run AND c.rank = p.rank AND c.ts_ns >= p.hi_ns
+    FROM (SELECT * FROM pending WHERE is_send) p
+    ASOF LEFT JOIN calls c ON c.run = p.run AND c.rank = p.rank AND c.ts_ns >= p.hi_ns
+    UNION ALL
+    SELECT *, CAST(NULL AS BIGINT) FROM pending WHERE NOT is_send
 ),
 gap_spans AS (  -- where each step's gaps lie (from the first one's start to the last one's end)
     SELECT run, rank, step, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns FROM gaps WHERE kind = 'gap' GROUP BY ALL
