@@ -24,19 +24,18 @@ WITH busy AS (  -- merged compute of the stage inside its step
     SEMI JOIN pipeline_stages ps ON ps.run = a.run AND ps.rank = a.rank
     WHERE a.n_compute > 0
 ),
-busy_keyed AS (SELECT {'run': run, 'rank': rank, 'step': step} AS grp, * FROM busy),
-islands AS (  -- the busy time as merged intervals (intervals.sql)
-    SELECT run, rank, step, any_value(s0) AS s0, any_value(s1) AS s1, island, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns
-    FROM _interval_islands(busy_keyed) GROUP BY run, rank, step, island
+ordered AS (  -- the busy time merged (intervals.sql's rule, one window): a segment that starts after every
+    -- earlier one of its step ended opens a new busy stretch; the idle gap before it runs from that end
+    SELECT *, max(hi_ns) OVER (PARTITION BY run, rank, step ORDER BY lo_ns, hi_ns
+                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_hi
+    FROM busy
 ),
 gaps AS MATERIALIZED (  -- read four times below
-    SELECT run, rank, step, 'warmup' AS kind, s0 AS lo_ns, min(lo_ns) AS hi_ns FROM islands GROUP BY run, rank, step, s0
+    SELECT run, rank, step, 'warmup' AS kind, s0 AS lo_ns, min(lo_ns) AS hi_ns FROM busy GROUP BY run, rank, step, s0
     UNION ALL
-    SELECT run, rank, step, 'cooldown', max(hi_ns), s1 FROM islands GROUP BY run, rank, step, s1
+    SELECT run, rank, step, 'cooldown', max(hi_ns), s1 FROM busy GROUP BY run, rank, step, s1
     UNION ALL
-    SELECT run, rank, step, 'gap', hi_ns, next_lo FROM (
-        SELECT *, lead(lo_ns) OVER (PARTITION BY run, rank, step ORDER BY lo_ns) AS next_lo FROM islands)
-    WHERE next_lo IS NOT NULL AND next_lo > hi_ns
+    SELECT run, rank, step, 'gap', prev_hi, lo_ns FROM ordered WHERE prev_hi IS NOT NULL AND lo_ns > prev_hi
 ),
 calls_all AS MATERIALIZED (  -- comms read once (thousands of ranks' files: a scan is seconds)
     SELECT run, rank, op, src_rank, dst_rank, enqueue_ts_ns, enqueue_dur_ns, end_ts_ns FROM comms
@@ -58,9 +57,13 @@ pending AS (  -- when each receive (or send, or collective) was outstanding, and
     WHERE r.wait_ns > 0   -- on the rank's own clock (collectives.sql aligns clocks; pipeline_idle does not)
 ),
 calls AS (SELECT run, rank, enqueue_ts_ns AS ts_ns FROM calls_all),
-pending_next AS (  -- a send, and the rank's first communication call after the send completed
+pending_next AS (  -- a send, and the rank's first communication call after the send completed (only
+    -- a send's is read: receives and collectives skip the search)
     SELECT p.*, c.ts_ns AS next_call_ns
-    FROM pending p ASOF LEFT JOIN calls c ON c.run = p.run AND c.rank = p.rank AND c.ts_ns >= p.hi_ns
+    FROM (SELECT * FROM pending WHERE is_send) p
+    ASOF LEFT JOIN calls c ON c.run = p.run AND c.rank = p.rank AND c.ts_ns >= p.hi_ns
+    UNION ALL
+    SELECT *, CAST(NULL AS BIGINT) FROM pending WHERE NOT is_send
 ),
 gap_spans AS (  -- where each step's gaps lie (from the first one's start to the last one's end)
     SELECT run, rank, step, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns FROM gaps WHERE kind = 'gap' GROUP BY ALL

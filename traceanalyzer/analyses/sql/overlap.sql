@@ -40,16 +40,24 @@ FROM _activity_window_segments
 LEFT JOIN (SELECT DISTINCT run, rank, true AS op_timeline FROM ranks WHERE rank_source = 'op_timeline') o USING (run, rank)
 GROUP BY run, rank;
 
--- Exposed communication intervals, all of them: consecutive exposed segments joined.
--- Columns: run, rank, window_id, step, lo_ns, hi_ns, exposed_ns, rank_order (per run, largest first).
-CREATE OR REPLACE TEMP VIEW exposed_intervals AS
+-- Exposed communication intervals of each rank: consecutive exposed segments joined (per rank: the
+-- map computes them, the reduce only ranks them).
+-- Columns: run, rank, window_id, step, lo_ns, hi_ns, exposed_ns.
+-- scope: rank
+CREATE OR REPLACE TEMP VIEW _exposed_islands AS
 WITH comm AS (
     SELECT {'run': run, 'rank': rank, 'window_id': window_id, 'step': step} AS grp, * FROM activity_segments WHERE label = 'comm'
 ),
 seg AS (SELECT * FROM _interval_islands(comm))  -- consecutive segments joined (intervals.sql)
-SELECT run, rank, window_id, step, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns, sum(dur_ns) AS exposed_ns,
-       row_number() OVER (PARTITION BY run ORDER BY sum(dur_ns) DESC, rank, min(lo_ns)) AS rank_order
+SELECT run, rank, window_id, step, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns, sum(dur_ns) AS exposed_ns
 FROM seg GROUP BY run, rank, window_id, step, island;
+
+-- Exposed communication intervals, all of them.
+-- Columns: run, rank, window_id, step, lo_ns, hi_ns, exposed_ns, rank_order (per run, largest first).
+CREATE OR REPLACE TEMP VIEW exposed_intervals AS
+SELECT run, rank, window_id, step, lo_ns, hi_ns, exposed_ns,
+       row_number() OVER (PARTITION BY run ORDER BY exposed_ns DESC, rank, lo_ns) AS rank_order
+FROM _exposed_islands;
 
 -- The largest exposed intervals (exposed_top per run, default 20), attributed: the collective that
 -- covers most of each, and the compute just before and after it. Attribution is a range join, so

@@ -1,0 +1,147 @@
+"""Issue 17: the activity sweep and pipeline_idle's gaps, made cheaper, give the same rows, to the bit,
+as the SQL they replaced (the specs here), on random intervals with unknown (NULL) steps, steps that
+overlap (by one ns, or nested), touch or lie apart, zero-length and reversed intervals, several runs,
+ranks and windows:
+
+- ``activity_segments``: one running sum over all partitions instead of a partitioned one;
+- ``_activity_window_segments``: each one-step island's step segments reused, only islands of
+  overlapping steps swept again, instead of a second sweep of every interval;
+- ``pipeline_idle``'s idle gaps: one running max over the busy segments instead of islands + lead.
+"""
+from __future__ import annotations
+
+import random
+
+import duckdb
+import pytest
+
+from traceanalyzer.analyses import modules as M
+
+#: the sweep before issue 17 (session 16): a partitioned running sum, every interval swept twice
+SPEC_SWEEP = """
+CREATE MACRO spec_sweep(per_step) AS TABLE
+WITH deltas AS (
+    SELECT run, rank, window_id, CASE WHEN per_step THEN step END AS step, lo_ns AS t,
+           (category = 'compute')::INT AS d_compute, (category = 'comm')::INT AS d_comm, (category = 'memory')::INT AS d_memory
+    FROM activity_intervals
+    UNION ALL
+    SELECT run, rank, window_id, CASE WHEN per_step THEN step END, hi_ns,
+           -(category = 'compute')::INT, -(category = 'comm')::INT, -(category = 'memory')::INT
+    FROM activity_intervals
+),
+merged AS (
+    SELECT run, rank, window_id, step, t, sum(d_compute) AS d_compute, sum(d_comm) AS d_comm, sum(d_memory) AS d_memory
+    FROM deltas GROUP BY ALL
+),
+running AS (
+    SELECT run, rank, window_id, step, t AS lo_ns,
+           lead(t) OVER w AS hi_ns,
+           sum(d_compute) OVER w AS n_compute, sum(d_comm) OVER w AS n_comm, sum(d_memory) OVER w AS n_memory
+    FROM merged
+    WINDOW w AS (PARTITION BY run, rank, window_id, step ORDER BY t ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
+)
+SELECT run, rank, window_id, step, lo_ns, hi_ns, hi_ns - lo_ns AS dur_ns,
+       CASE WHEN n_compute > 0 THEN 'compute' WHEN n_comm > 0 THEN 'comm' WHEN n_memory > 0 THEN 'memory'
+            ELSE 'idle' END AS label,
+       n_compute, n_comm, n_memory
+FROM running WHERE hi_ns IS NOT NULL AND hi_ns > lo_ns
+"""
+
+#: pipeline_idle's gaps before issue 17: the busy segments merged into islands, gaps from lead()
+SPEC_GAPS = """
+WITH busy_keyed AS (SELECT {'run': run, 'rank': rank, 'step': step} AS grp, * FROM busy),
+islands AS (
+    SELECT run, rank, step, any_value(s0) AS s0, any_value(s1) AS s1, island, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns
+    FROM _interval_islands(busy_keyed) GROUP BY run, rank, step, island
+),
+gaps AS (
+    SELECT run, rank, step, 'warmup' AS kind, s0 AS lo_ns, min(lo_ns) AS hi_ns FROM islands GROUP BY run, rank, step, s0
+    UNION ALL
+    SELECT run, rank, step, 'cooldown', max(hi_ns), s1 FROM islands GROUP BY run, rank, step, s1
+    UNION ALL
+    SELECT run, rank, step, 'gap', hi_ns, next_lo FROM (
+        SELECT *, lead(lo_ns) OVER (PARTITION BY run, rank, step ORDER BY lo_ns) AS next_lo FROM islands)
+    WHERE next_lo IS NOT NULL AND next_lo > hi_ns
+)
+SELECT * FROM gaps ORDER BY ALL
+"""
+
+
+def _intervals(rnd: random.Random) -> list[tuple]:
+    rows = []
+    for run in ("a", "b"):
+        for rank in range(rnd.randrange(1, 4)):
+            for window in range(rnd.randrange(1, 3)):
+                t = rnd.randrange(0, 50)
+                for step in [None, *range(rnd.randrange(1, 6))]:
+                    # steps apart, touching, overlapping by 1 ns, or nested in the previous one
+                    t += rnd.choice([5, 0, -1, -rnd.randrange(1, 30)])
+                    start = t
+                    for _ in range(rnd.randrange(1, 8)):
+                        lo = start + rnd.randrange(0, 20)
+                        dur = rnd.choice([rnd.randrange(1, 15), rnd.randrange(1, 15), 0, -2])
+                        rows.append((run, rank, window, step, rnd.choice(["compute", "comm", "memory"]), lo, lo + dur))
+                        t = max(t, lo + dur)
+    return rows
+
+
+def _same(con, a: str, b: str) -> int:
+    """Rows in one query and not the other (either way, duplicates counted); the types must match."""
+    ta = [r[1] for r in con.execute(f"DESCRIBE {a}").fetchall()]
+    tb = [r[1] for r in con.execute(f"DESCRIBE {b}").fetchall()]
+    assert ta == tb
+    return sum(con.execute(f"SELECT count(*) FROM ({x} EXCEPT ALL {y})").fetchone()[0] for x, y in ((a, b), (b, a)))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sweep_same_rows_as_the_partitioned_sweep_of_every_interval(seed):
+    rnd = random.Random(seed)
+    con = duckdb.connect()
+    con.execute("CREATE TABLE activity_intervals (run VARCHAR, rank INTEGER, window_id INTEGER, step INTEGER, "
+                "category VARCHAR, lo_ns BIGINT, hi_ns BIGINT)")
+    con.executemany("INSERT INTO activity_intervals VALUES (?, ?, ?, ?, ?, ?, ?)", _intervals(rnd))
+    text = M.modules()["activity"].text
+    for statement in con.extract_statements(text):
+        if "VIEW activity_intervals" not in statement.query:
+            con.execute(statement)
+    con.execute(SPEC_SWEEP)
+    # the data has what each path takes: steps alone (reused) and overlapping steps (swept again)
+    spans = """SELECT run, rank, window_id, step, least(min(lo_ns), min(hi_ns)) AS t0, greatest(max(lo_ns), max(hi_ns)) AS t1
+               FROM activity_intervals GROUP BY ALL"""
+    overlapping = con.execute(f"""WITH s AS ({spans}) SELECT count(*) FROM s a JOIN s b USING (run, rank, window_id)
+                                  WHERE a.step IS DISTINCT FROM b.step AND a.t0 < b.t1 AND b.t0 < a.t1""").fetchone()[0]
+    assert overlapping > 0 and con.execute("SELECT count(*) FROM _activity_window_segments WHERE label = 'idle'").fetchone()[0] > 0
+    assert _same(con, "SELECT * FROM activity_segments", "SELECT * FROM spec_sweep(true)") == 0
+    assert _same(con, "SELECT * FROM _activity_window_segments", "SELECT * FROM spec_sweep(false)") == 0
+    assert con.execute("SELECT count(*) FROM _activity_window_segments").fetchone()[0] > 0
+
+
+def _busy(rnd: random.Random) -> list[tuple]:
+    rows = []
+    for run in ("a", "b"):
+        for rank in range(rnd.randrange(1, 4)):
+            for step in [None, *range(rnd.randrange(1, 4))]:
+                s0 = rnd.randrange(0, 100)
+                t = s0
+                for _ in range(rnd.randrange(1, 10)):
+                    lo = t + rnd.choice([0, 0, 1, 3, -2])     # touching, apart, overlapping
+                    hi = lo + rnd.randrange(1, 6)
+                    rows.append((run, rank, step, s0, s0 + 60, lo, hi))
+                    t = max(t, hi) if rnd.random() < 0.7 else lo + 1  # sometimes nested
+    return rows
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_pipeline_gaps_same_rows_as_islands(seed):
+    rnd = random.Random(seed)
+    con = duckdb.connect()
+    con.execute("CREATE TABLE busy (run VARCHAR, rank INTEGER, step INTEGER, s0 BIGINT, s1 BIGINT, lo_ns BIGINT, hi_ns BIGINT)")
+    con.executemany("INSERT INTO busy VALUES (?, ?, ?, ?, ?, ?, ?)", _busy(rnd))
+    for statement in con.extract_statements(M.modules()["intervals"].text):
+        con.execute(statement)
+    text = M.modules()["bubbles"].text
+    start = text.index("ordered AS (")
+    body = text[start:text.index("\ncalls_all AS", start)].rstrip().rstrip(",")
+    new = f"WITH {body} SELECT * FROM gaps ORDER BY ALL"
+    assert con.execute(new).fetchall() == con.execute(SPEC_GAPS).fetchall()
+    assert con.execute(f"SELECT count(*) FROM ({new}) WHERE kind = 'gap'").fetchone()[0] > 0
