@@ -222,20 +222,18 @@ def _cut(t: pa.Table, rank_col: str, block_rows: int):
     if (rank[1:] < rank[:-1]).any():   # ranks interleaved inside a row group: sorted first
         yield from _split(t, rank_col, block_rows)
         return
-    lo = 0
-    while lo < len(rank):
-        hi = min(len(rank), lo + block_rows)
-        if hi < len(rank):
-            hi = int(np.searchsorted(rank, rank[hi - 1], "right"))
-        yield t.slice(lo, hi - lo)
-        lo = hi
+    yield from _slices(t, rank, block_rows)
 
 
 def _split(t: pa.Table, rank_col: str, block_rows: int):
     """A table in memory cut into blocks of whole ranks."""
     rank = t.column(rank_col).to_numpy().astype(np.int64)
     order = np.argsort(rank, kind="stable")
-    t, rank = t.take(pa.array(order)), rank[order]
+    yield from _slices(t.take(pa.array(order)), rank[order], block_rows)
+
+
+def _slices(t: pa.Table, rank, block_rows: int):
+    """Zero-copy slices of ``t`` (sorted by ``rank``) of about ``block_rows`` rows, whole ranks each."""
     lo = 0
     while lo < len(rank):
         hi = min(len(rank), lo + block_rows)
