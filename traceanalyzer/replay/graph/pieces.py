@@ -27,6 +27,7 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -36,12 +37,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ... import __version__
+from ...errors import StoreError
 from ...store import files as st
 from ...store import writers
 from .._jit import warm_up
+from .edges import make_edges
 from .finish import _np, assemble, step_tables
 from .lanes import make_lanes
-from .edges import make_edges
 from .load import Scratch, load_comms, load_ranks
 from .model import SYNC
 
@@ -212,7 +214,10 @@ def build(store, con, run: str, params: dict, dask=None, n_workers: int = 1, chu
             g.stats.update(pieces="read", load_s=t_comm, build_s=time.perf_counter() - t0 - t_comm)
             return g
         where = str(loc.resolve())
-        staging = Path(writers.new_work_folder(loc)).resolve()
+        try:
+            staging = Path(writers.new_work_folder(loc)).resolve()
+        except OSError:  # a store this process may not write: built in a folder of its own, not saved
+            staging, save = Path(tempfile.mkdtemp(prefix="traceanalyzer-graph-")), False
         try:
             comm_dir = staging / "comm"
             comm_dir.mkdir()
@@ -232,7 +237,10 @@ def build(store, con, run: str, params: dict, dask=None, n_workers: int = 1, chu
             g = stitch(run, done, pq.read_table, s)
             g.stats.update(pieces="built", load_s=t_map, build_s=time.perf_counter() - t0 - t_map)
             if save:
-                _commit(loc, run, run_key, done, _place, chunk_label)
+                try:
+                    _commit(loc, run, run_key, done, _place, chunk_label)
+                except (StoreError, OSError):  # busy or read-only: the graph stands, the next build makes it again
+                    g.stats["pieces"] = "built, not saved"
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return g
@@ -252,10 +260,9 @@ def _commit(loc, run: str, run_key: str, done: list[dict], place, chunk_label) -
         return {"key": run_key, "format": FORMAT, "chunks": chunks}
 
     def change(manifest):
-        ahead = manifest.extra.setdefault(ENTRY, {})
-        if ahead.get(run, {}).get("key") == run_key:
+        if saved(loc, manifest, run, run_key) is not None:
             return  # another build was first with the same pieces
-        ahead[run] = entry(str(manifest.generation))
+        manifest.extra.setdefault(ENTRY, {})[run] = entry(str(manifest.generation))
     writers.update(loc, change)
 
 
