@@ -77,7 +77,7 @@ def build_graph(store_or_con, run: str | None = None, dask=None, n_workers: int 
     earlier build of the same data and code, else built per chunk of ranks (on the executor:
     ``dask`` / ``n_workers`` as ``analyze`` takes them) and saved; given a connection (or an object
     store), it is built over the whole run's events on that one connection."""
-    from ...analyses import bind_views, connect, prepare
+    from ...analyses import bind_views, connect
     from ...store import files as st
     con = connect(store_or_con)
     use_pieces = not hasattr(store_or_con, "execute") and isinstance(st.location(store_or_con), Path)
@@ -89,23 +89,30 @@ def build_graph(store_or_con, run: str | None = None, dask=None, n_workers: int 
     run = resolve_run(con, run, where="replay", table="steps", what="runs with steps")
     if use_pieces:
         from .pieces import build as build_pieces
-        g = build_pieces(store_or_con, con, run, _params(run), dask=dask, n_workers=n_workers)
+        g = build_pieces(store_or_con, con, run, _params(run), dask=dask, n_workers=n_workers,
+                         stages=lambda: _stages(con, run, have))
     else:
         g = _build(con, run)
+        g.stages = _stages(con, run, have)
     g.source = con
-    g.stages = pd.DataFrame({"rank": np.zeros(0, np.int32), "stage": np.zeros(0, np.int64)})
+    return g
+
+
+def _stages(con, run: str, have: set) -> pd.DataFrame | None:
+    """The pipeline stages of ``run`` (rank, stage; no rows: not a pipeline; None: no pipeline views)."""
+    from ...analyses import prepare
+    empty = pd.DataFrame({"rank": np.zeros(0, np.int32), "stage": np.zeros(0, np.int64)})
     if "pipeline_stages" not in have:
         # pipeline_stages only has rows for runs with sends (the first send orders the stages)
         (sends,) = con.execute("SELECT count(*) FROM comms WHERE run = $run AND op = 'send'", {"run": run}).fetchall()[0]
         if not sends:
-            return g
+            return empty
         prepare(con, modules=PIPELINE_VIEWS)
     try:
-        g.stages = con.execute("SELECT rank, stage FROM pipeline_stages WHERE run = $run ORDER BY stage, rank",
-                               {"run": run}).df()
+        return con.execute("SELECT rank, stage FROM pipeline_stages WHERE run = $run ORDER BY stage, rank",
+                           {"run": run}).df()
     except Exception:  # noqa: BLE001 - no pipeline views: not a pipeline
-        g.stages = None
-    return g
+        return None
 
 
 def _params(run: str) -> dict:

@@ -45,7 +45,7 @@ from .edges import make_edges
 from .finish import _np, assemble, step_tables
 from .lanes import make_lanes
 from .load import Scratch, load_comms, load_ranks
-from .model import SYNC
+from .model import PIPELINE_VIEWS, SYNC
 
 #: bump when the layout of the saved pieces changes (part of the key)
 FORMAT = 1
@@ -62,10 +62,12 @@ _SOURCES = ("load.py", "lanes.py", "edges.py", "finish.py", "model.py", "pieces.
 
 
 def key(manifest, run: str, off: list) -> str:
-    """What a run's pieces were built from: its files, the applied clock offsets, the code."""
+    """What a run's pieces were built from: its files, the applied clock offsets, the code (the
+    graph's, and the SQL of the modules the pipeline stages come from)."""
     files = sorted(f for t in manifest.traces + manifest.sidecars if t.get("run") == run for f in t["files"].values())
+    from ...analyses import modules as M
     here = Path(__file__).parent
-    code = [(here / name).read_text() for name in _SOURCES]
+    code = [(here / name).read_text() for name in _SOURCES] + [M.modules()[m].text for m in PIPELINE_VIEWS]
     doc = json.dumps([FORMAT, __version__, files, off, code], default=str)
     return hashlib.sha256(doc.encode()).hexdigest()[:32]
 
@@ -193,10 +195,12 @@ def saved(loc, manifest, run: str, run_key: str) -> dict | None:
 
 
 def build(store, con, run: str, params: dict, dask=None, n_workers: int = 1, chunks: list[list[int]] | None = None,
-          save: bool = True):
+          save: bool = True, stages=None):
     """The run's Graph from its saved pieces, or from pieces built now (and saved, with ``save``),
-    of a local store (``store``; an object store keeps the one-connection build). ``con`` is a store connection with clock_offsets / clock_alignment bound; ``chunks`` the ranks
-    of each map task (default: ``analyses.summaries.rank_chunks``)."""
+    of a local store (``store``; an object store keeps the one-connection build). ``con`` is a
+    store connection with clock_offsets / clock_alignment bound; ``chunks`` the ranks of each map
+    task (default: ``analyses.summaries.rank_chunks``); ``stages()`` the run's pipeline stages,
+    saved with the pieces (the first chunk's ``stages`` file; without it the graph's are None)."""
     from ...analyses.summaries import _place, chunk_label, rank_chunks
     from ...errors import TraceAnalyzerError
     from ...ingest.executor import open_executor
@@ -211,6 +215,8 @@ def build(store, con, run: str, params: dict, dask=None, n_workers: int = 1, chu
         if entry is not None:
             warm_up(sum(c["counts"]["nodes"] for c in entry["chunks"]))
             g = stitch(run, entry["chunks"], lambda rel: pq.read_table(loc / rel), s)
+            rel = entry["chunks"][0]["files"].get("stages") if entry["chunks"] else None
+            g.stages = pq.read_table(loc / rel).to_pandas() if rel else None
             g.stats.update(pieces="read", load_s=t_comm, build_s=time.perf_counter() - t0 - t_comm)
             return g
         where = str(loc.resolve())
@@ -236,6 +242,10 @@ def build(store, con, run: str, params: dict, dask=None, n_workers: int = 1, chu
             warm_up(sum(c["counts"]["nodes"] for c in done))
             g = stitch(run, done, pq.read_table, s)
             g.stats.update(pieces="built", load_s=t_map, build_s=time.perf_counter() - t0 - t_map)
+            g.stages = stages() if stages is not None else None
+            if g.stages is not None and done:
+                done[0]["files"]["stages"] = str(staging / "stages.parquet")
+                pq.write_table(pa.Table.from_pandas(g.stages, preserve_index=False), done[0]["files"]["stages"])
             if save:
                 try:
                     _commit(loc, run, run_key, done, _place, chunk_label)
