@@ -116,6 +116,7 @@ def main(argv=None) -> int:
     ap.add_argument("--report-replay", action="store_true",
                     help="also the replay graph built (per-rank pieces), read back, built in one connection, and "
                          "`report` with replay twice")
+    ap.add_argument("--phases", help="only these phases, comma-separated (with --reuse-store: e.g. graph,graph_again)")
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--parts", action="store_true",
                     help="generate the job as collector-written Parquet parts (scale_parts.py), no JSON: ingest "
@@ -141,6 +142,8 @@ def main(argv=None) -> int:
         row = {"ranks": n, "generate_seconds": gen.get("generate_seconds"), "copies": gen.get("copies_per_rank")}
         phases = ([] if reused else ["ingest"]) + ["analyze", "analyze_again"] + (["one_connection"] if args.one_connection else []) \
             + (["report"] if args.report else []) + (list(REPLAY_PHASES) if args.report_replay else [])
+        if args.phases:
+            phases = args.phases.split(",")
         for name in phases:
             res = run(name, spec, args.workdir / f"{name}-{n}.log", args.timeout)
             row[name] = {k: res.get(k) for k in ("ok", "error", "seconds", "wall_seconds", "rows", "polled_peak_kb",

@@ -21,11 +21,33 @@ def _np(col) -> np.ndarray:
     return np.array(col.to_numpy(), dtype=np.int64) if len(col) else np.zeros(0, np.int64)
 
 
-def _codes(col) -> tuple[np.ndarray, list]:
-    """A string column as (int32 codes numbered by first appearance, their strings)."""
+def _codes(col, override=None) -> tuple[np.ndarray, list]:
+    """A string column as (int32 codes numbered by first appearance, their strings); ``override``
+    (mask, string): the string of the masked rows. A dictionary-encoded column (the graph's pieces,
+    pieces.py) is renumbered without decoding its strings: the same codes and strings."""
     if not len(col):
         return np.zeros(0, np.int32), []
-    d = pc.dictionary_encode(pc.fill_null(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col, ""))
+    chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
+    if pa.types.is_dictionary(col.type) and not any(c.null_count for c in chunks):
+        u = pa.chunked_array(chunks, type=col.type).unify_dictionaries()
+        values = u.chunk(0).dictionary.to_pylist() if u.num_chunks else []
+        idx = np.concatenate([c.indices.to_numpy(zero_copy_only=False).astype(np.int64) for c in u.chunks])
+        if override is not None:
+            mask, s = override
+            if s not in values:
+                values.append(s)
+            idx[mask] = values.index(s)
+        used, first = np.unique(idx, return_index=True)
+        order = used[np.argsort(first, kind="stable")]       # dictionary entries in order of first appearance
+        remap = np.empty(len(values), np.int32)
+        remap[order] = np.arange(len(order), dtype=np.int32)
+        return remap[idx], [values[i] for i in order]
+    if pa.types.is_dictionary(col.type):
+        col = pc.cast(col, pa.string())
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if override is not None:
+        col = pc.if_else(pa.array(override[0]), override[1], col)
+    d = pc.dictionary_encode(pc.fill_null(col, ""))
     return d.indices.to_numpy().astype(np.int32), d.dictionary.to_pylist()
 
 
@@ -100,8 +122,7 @@ def assemble(run: str, nd, edges, waits, posts, lanes, st, work, instances) -> G
     ptr, src, is_lane = _csr(n, lane, xs, xd)
     lag, rel = _fit_lags(ms, dur, ptr, src)
     label, labels = _codes(nd["label"])
-    cats = pc.if_else(pa.array(kind == WAIT), "wait", nd["category"].combine_chunks())
-    category, categories = _codes(cats)
+    category, categories = _codes(nd["category"], override=(kind == WAIT, "wait"))
     return Graph(run=run, ms=ms, me=me, dur=dur, lane=lane, rank=_np(nd["rank"]).astype(np.int32),
                  kind=kind, label=label, category=category, inst=inst, rel=rel, ptr=ptr, src=src, lag=lag,
                  is_lane_edge=is_lane, order=topo_order(ms, kind, src, n, is_lane, ptr), labels=labels,

@@ -114,15 +114,22 @@ def map_task(store: str, run: str, ranks: list[int], params: dict, comm_dir: str
     files = {}
     for name, t in tables.items():
         files[name] = str(folder / f"{name}.parquet")
-        pq.write_table(t, files[name], compression="zstd")
+        pq.write_table(_int64(t), files[name], compression="zstd")
     return {"ranks": list(ranks), "files": files, "counts": {k: int(v) for k, v in counts.items()}}
+
+
+def _int64(t: pa.Table) -> pa.Table:
+    """``t`` with its DECIMAL columns (DuckDB's HUGEINT sums: node numbers) as int64 (their values
+    are node numbers and times: no change), which numpy reads without a Python object per value."""
+    fields = [pa.field(f.name, pa.int64()) if pa.types.is_decimal(f.type) else f for f in t.schema]
+    return t.cast(pa.schema(fields))
 
 
 # -- the stitch -----------------------------------------------------------------------------------
 
 def stitch(run: str, chunks: list[dict], read, s: Scratch):
-    """The Graph from the pieces (``chunks`` in rank order: {"files", "counts"}; ``read(path)`` -> an
-    Arrow table) and the run-wide tables on ``s`` (instances)."""
+    """The Graph from the pieces (``chunks`` in rank order: {"files", "counts"}; ``read(path,
+    dictionary=False)`` -> an Arrow table) and the run-wide tables on ``s`` (instances)."""
     cnt = [c["counts"] for c in chunks]
     n_cpu = sum(c["cpu_nodes"] for c in cnt)
     n_lane_nodes = sum(c["nodes"] for c in cnt)
@@ -144,12 +151,16 @@ def stitch(run: str, chunks: list[dict], read, s: Scratch):
         nc = cnt[i]["cpu_lanes"]
         return np.where(v < 0, v, np.where(v < nc, v + cl_off[i], v - nc + n_cpu_lanes + ql_off[i]))
 
-    nds, ex, wt, ps, lanes, steps, work = [], [[], []], [[], [], []], [[], [], []], [], [], []
+    cpu_parts, q_parts, ex, wt, ps, lanes, steps, work = [], [], [[], []], [[], [], []], [[], [], []], [], [], []
     for i, c in enumerate(chunks):
         f = c["files"]
-        nd = read(f["nodes"])
-        nds.append(nd.set_column(0, "node", pa.array(nodes_of(i, _np(nd["node"]))))
-                     .set_column(1, "lane", pa.array(lanes_of(i, _np(nd["lane"])))))
+        nd = read(f["nodes"], dictionary=True)       # in local node order: the chunk's CPU nodes, then its queue nodes
+        if not np.array_equal(_np(nd["node"]), np.arange(nd.num_rows)):
+            raise ValueError(f"replay graph piece {f['nodes']}: its nodes are not numbered 0..{nd.num_rows - 1}")
+        nd = nd.drop_columns(["node"]).set_column(0, "lane", pa.array(lanes_of(i, _np(nd["lane"]))))
+        nc = cnt[i]["cpu_nodes"]
+        cpu_parts.append(nd.slice(0, nc))
+        q_parts.append(nd.slice(nc))
         e = read(f["edges"])
         ex[0].append(nodes_of(i, _np(e["src"])))
         ex[1].append(nodes_of(i, _np(e["dst"])))
@@ -169,16 +180,25 @@ def stitch(run: str, chunks: list[dict], read, s: Scratch):
         wk = read(f["work"]).to_pandas()
         wk["nodes"] = [nodes_of(i, x) for x in wk["nodes"]]
         work.append(wk)
-    sync = s.arrow(f"SELECT {n_lane_nodes} + inst AS node, -1 AS lane, -1 AS rank, last_arrival AS ms, "
-                   f"last_arrival AS me, {SYNC} AS kind, op AS label, 'sync' AS category, inst FROM {{inst}} ORDER BY inst")
-    schema = nds[0].schema if nds else None
-    nd = pa.concat_tables([t.cast(schema) for t in nds] + [sync.cast(schema)]) if nds else sync
-    nd = nd.take(pa.array(np.argsort(_np(nd["node"]), kind="stable")))
+    sync = s.arrow(f"SELECT -1 AS lane, -1 AS rank, last_arrival AS ms, last_arrival AS me, {SYNC} AS kind, op AS label, "
+                   f"'sync' AS category, inst FROM {{inst}} ORDER BY inst")
+    parts = cpu_parts + q_parts
+    if parts:   # the one-connection build's node order: every CPU node, every queue node, the SYNC nodes
+        schema = parts[0].schema
+        sync = pa.table([sync[name].cast(schema.field(name).type) for name in schema.names], schema=schema)
+    nd = pa.concat_tables(parts + [sync])
+    nd = nd.add_column(0, "node", pa.array(np.arange(nd.num_rows, dtype=np.int64)))
     instances = s.query("SELECT inst, key, op, bytes, is_p2p, n_ranks, transfer_ns FROM {inst} ORDER BY inst").df()
     cat = (lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int64))
     lanes_df = pd.concat(lanes, ignore_index=True).sort_values("lane", kind="stable").reset_index(drop=True)
     return assemble(run, nd, (cat(ex[0]), cat(ex[1])), tuple(cat(x) for x in wt), tuple(cat(x) for x in ps),
                     lanes_df, pd.concat(steps, ignore_index=True), pd.concat(work, ignore_index=True), instances)
+
+
+def _read(path, dictionary: bool = False):
+    """A piece's table; the node labels and categories dictionary-encoded (their strings are
+    decoded only once per distinct value: finish._codes)."""
+    return pq.read_table(path, read_dictionary=["label", "category"] if dictionary else None)
 
 
 # -- the driver -----------------------------------------------------------------------------------
@@ -214,7 +234,7 @@ def build(store, con, run: str, params: dict, dask=None, n_workers: int = 1, chu
         t_comm = time.perf_counter() - t0
         if entry is not None:
             warm_up(sum(c["counts"]["nodes"] for c in entry["chunks"]))
-            g = stitch(run, entry["chunks"], lambda rel: pq.read_table(loc / rel), s)
+            g = stitch(run, entry["chunks"], lambda rel, dictionary=False: _read(loc / rel, dictionary), s)
             rel = entry["chunks"][0]["files"].get("stages") if entry["chunks"] else None
             g.stages = pq.read_table(loc / rel).to_pandas() if rel else None
             g.stats.update(pieces="read", load_s=t_comm, build_s=time.perf_counter() - t0 - t_comm)
@@ -240,7 +260,7 @@ def build(store, con, run: str, params: dict, dask=None, n_workers: int = 1, chu
                     done[i] = result
             t_map = time.perf_counter() - t0
             warm_up(sum(c["counts"]["nodes"] for c in done))
-            g = stitch(run, done, pq.read_table, s)
+            g = stitch(run, done, _read, s)
             g.stats.update(pieces="built", load_s=t_map, build_s=time.perf_counter() - t0 - t_map)
             g.stages = stages() if stages is not None else None
             if g.stages is not None and done:
