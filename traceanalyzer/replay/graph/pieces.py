@@ -91,10 +91,10 @@ def map_task(store: str, run: str, ranks: list[int], params: dict, comm_dir: str
     from ...analyses.summaries import _open, _quote, chunk_label
     con = _open(store, run, ranks)
     s = Scratch(con, dict(params))
-    lo, hi = min(ranks), max(ranks)
+    mine = ", ".join(str(int(r)) for r in ranks)
     try:
         s.make("off", f"SELECT * FROM read_parquet('{_quote(comm_dir)}/off.parquet')")
-        s.make("cm", f"SELECT * FROM read_parquet('{_quote(comm_dir)}/cm.parquet') WHERE rank BETWEEN {lo} AND {hi}")
+        s.make("cm", f"SELECT * FROM read_parquet('{_quote(comm_dir)}/cm.parquet') WHERE rank IN ({mine})")
         load_ranks(s)
         make_lanes(s, sync_base=SYNC_BASE)
         edges, waits, posts = make_edges(s)
@@ -128,7 +128,7 @@ def _int64(t: pa.Table) -> pa.Table:
 # -- the stitch -----------------------------------------------------------------------------------
 
 def stitch(run: str, chunks: list[dict], read, s: Scratch):
-    """The Graph from the pieces (``chunks`` in rank order: {"files", "counts"}; ``read(path,
+    """The Graph from the pieces (``chunks`` of consecutive ranks, in rank order: {"files", "counts"}; ``read(path,
     dictionary=False)`` -> an Arrow table) and the run-wide tables on ``s`` (instances)."""
     cnt = [c["counts"] for c in chunks]
     n_cpu = sum(c["cpu_nodes"] for c in cnt)
@@ -156,7 +156,7 @@ def stitch(run: str, chunks: list[dict], read, s: Scratch):
         f = c["files"]
         nd = read(f["nodes"], dictionary=True)       # in local node order: the chunk's CPU nodes, then its queue nodes
         if not np.array_equal(_np(nd["node"]), np.arange(nd.num_rows)):
-            raise ValueError(f"replay graph piece {f['nodes']}: its nodes are not numbered 0..{nd.num_rows - 1}")
+            raise StoreError(f"replay graph piece {f['nodes']}: its nodes are not numbered 0..{nd.num_rows - 1}")
         nd = nd.drop_columns(["node"]).set_column(0, "lane", pa.array(lanes_of(i, _np(nd["lane"]))))
         nc = cnt[i]["cpu_nodes"]
         cpu_parts.append(nd.slice(0, nc))
@@ -249,7 +249,9 @@ def build(store, con, run: str, params: dict, dask=None, n_workers: int = 1, chu
             comm_dir.mkdir()
             s.query(f"COPY (SELECT * FROM {{off}}) TO '{comm_dir}/off.parquet' (FORMAT parquet)").fetchall()
             s.query(f"COPY (SELECT * FROM {{cm}}) TO '{comm_dir}/cm.parquet' (FORMAT parquet)").fetchall()
-            chunks = chunks or rank_chunks(loc, manifest, run, n_workers)
+            # the stitch numbers the nodes chunk after chunk: chunks of consecutive ranks, in rank order
+            chunks = sorted((sorted(c) for c in chunks), key=lambda c: c[0]) if chunks else \
+                rank_chunks(loc, manifest, run, n_workers)
             calls = [(where, run, c, dict(s.params), str(comm_dir), str(staging / "pieces")) for c in chunks]
             done = [None] * len(calls)
             with open_executor(dask, n_workers=n_workers, n_tasks=len(calls)) as ex:
