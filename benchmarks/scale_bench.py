@@ -61,10 +61,39 @@ def phase(spec: dict) -> dict:
     elif spec["phase"] == "report":
         from traceanalyzer.cli.main import main
         main(["report", spec["store"], "--no-replay", "-o", str(Path(spec["store"]).parent / "report.json")])
+    elif spec["phase"] in REPLAY_PHASES:
+        out = _replay_phase(spec)
+        out["seconds"] = time.perf_counter() - t0
+        return out
     out = {"seconds": time.perf_counter() - t0}
     if spec["phase"] != "ingest" and spec["phase"] != "report":
         out["rows"] = rows
     return out
+
+
+#: --report-replay: the replay graph (first: per-rank pieces built and saved; again: read from the
+#: store; one connection: every event in one connection, the old build), then `report` with replay twice
+REPLAY_PHASES = ("graph", "graph_again", "graph_one_connection", "report_replay", "report_replay_again")
+
+
+def _replay_phase(spec: dict) -> dict:
+    from traceanalyzer import replay
+    from traceanalyzer.analyses import connect
+    from traceanalyzer.replay.graph import pieces
+    name = spec["phase"]
+    if name in ("graph", "report_replay"):
+        pieces.forget(spec["store"])       # the first build: no saved pieces
+    t0 = time.process_time()
+    if name.startswith("graph"):
+        g = replay.build_graph(connect(spec["store"]) if name == "graph_one_connection" else spec["store"], "job",
+                               dask=None if name == "graph_one_connection" else spec["dask"])
+        return {"rows": g.n, "how": g.stats.get("pieces") or "one connection", "driver_cpu_s": time.process_time() - t0}
+    from traceanalyzer.cli.main import main
+    main(["report", spec["store"], "--replay-max-events", str(10**10), "-o",
+          str(Path(spec["store"]).parent / f"{name}.json")])
+    doc = json.loads((Path(spec["store"]).parent / f"{name}.json").read_text())
+    rp = (doc.get("runs") or [{}])[0].get("replay", {})
+    return {"how": f"replay {rp.get('status')}: {rp.get('reason') or ''}"[:200], "driver_cpu_s": time.process_time() - t0}
 
 
 def run(phase_name: str, spec: dict, log: Path, timeout_s: float) -> dict:
@@ -84,6 +113,10 @@ def main(argv=None) -> int:
     ap.add_argument("--dask", default="local:2")
     ap.add_argument("--one-connection", action="store_true", help="also today's one-connection analyze")
     ap.add_argument("--report", action="store_true", help="also `report --no-replay`")
+    ap.add_argument("--report-replay", action="store_true",
+                    help="also the replay graph built (per-rank pieces), read back, built in one connection, and "
+                         "`report` with replay twice")
+    ap.add_argument("--phases", help="only these phases, comma-separated (with --reuse-store: e.g. graph,graph_again)")
     ap.add_argument("--timeout", type=float, default=3600)
     ap.add_argument("--parts", action="store_true",
                     help="generate the job as collector-written Parquet parts (scale_parts.py), no JSON: ingest "
@@ -108,11 +141,14 @@ def main(argv=None) -> int:
         spec = {"input": gen["dir"], "store": store, "dask": args.dask, "reused": reused}
         row = {"ranks": n, "generate_seconds": gen.get("generate_seconds"), "copies": gen.get("copies_per_rank")}
         phases = ([] if reused else ["ingest"]) + ["analyze", "analyze_again"] + (["one_connection"] if args.one_connection else []) \
-            + (["report"] if args.report else [])
+            + (["report"] if args.report else []) + (list(REPLAY_PHASES) if args.report_replay else [])
+        if args.phases:
+            phases = args.phases.split(",")
         for name in phases:
             res = run(name, spec, args.workdir / f"{name}-{n}.log", args.timeout)
             row[name] = {k: res.get(k) for k in ("ok", "error", "seconds", "wall_seconds", "rows", "polled_peak_kb",
-                                                 "polled_worker_peak_kb", "max_tree_rss_kb", "log_tail")}
+                                                 "polled_worker_peak_kb", "max_tree_rss_kb", "log_tail", "cpu_seconds",
+                                                 "driver_cpu_s", "how")}
             print(f"{n} ranks {name}: {json.dumps(row[name])[:400]}", flush=True)
             if not res.get("ok"):
                 break
@@ -135,11 +171,19 @@ def _gb(kb) -> str:
     return "n/a" if not kb else f"{kb * 1024 / 1e9:.2f} GB"
 
 
+def _rows(name: str, p: dict) -> str:
+    if name not in REPLAY_PHASES:
+        return str(p.get("rows") or "")
+    nodes = f"{p['rows']:,} nodes; " if p.get("rows") else ""
+    return (f"{nodes}CPU {p.get('cpu_seconds') or 0:.1f} s (driver {p.get('driver_cpu_s') or 0:.1f} s); "
+            f"{str(p.get('how')).replace('|', '/')}")
+
+
 def render(rows: list[dict], args, start: str, machine: str) -> str:
     out = [f"\n## Scale: per-rank map, cross-rank reduce (issue 18 parts 4 and 6): `benchmarks/scale_bench.py`, {start}\n",
            f"- command: `python benchmarks/scale_bench.py --ranks {args.ranks} --events-per-rank {args.events_per_rank} "
            f"--dask {args.dask}{' --parts' if args.parts else ''}{' --one-connection' if args.one_connection else ''}"
-           f"{' --report' if args.report else ''}`",
+           f"{' --report' if args.report else ''}{' --report-replay' if args.report_replay else ''}`",
            f"- machine: {machine} (shared with other sessions' work: times are noisy)",
            f"- input: N ranks generated from `{args.source_dir}` (rank r = source r mod 8, repeated in time), "
            f">= {args.events_per_rank:,} events per rank"
@@ -148,7 +192,7 @@ def render(rows: list[dict], args, start: str, machine: str) -> str:
            "| ranks | events | phase | time (s) | per rank (ms) | peak RSS driver | peak RSS largest worker | rows |",
            "|---:|---:|---|---:|---:|---:|---:|---:|"]
     for r in rows:
-        for name in ("ingest", "analyze", "analyze_again", "one_connection", "report"):
+        for name in ("ingest", "analyze", "analyze_again", "one_connection", "report", *REPLAY_PHASES):
             p = r.get(name)
             if not p:
                 continue
@@ -156,7 +200,7 @@ def render(rows: list[dict], args, start: str, machine: str) -> str:
             t = f"{secs:.1f}" if p.get("ok") else f"failed ({p.get('error')})"
             per = f"{1000 * secs / r['ranks']:.0f}" if p.get("ok") else "n/a"
             out.append(f"| {r['ranks']} | {r.get('events', 0):,} | {name} | {t} | {per} | {_gb(p.get('polled_peak_kb'))} | "
-                       f"{_gb(p.get('polled_worker_peak_kb'))} | {p.get('rows') or ''} |")
+                       f"{_gb(p.get('polled_worker_peak_kb'))} | {_rows(name, p)} |")
     for r in rows:   # end to end: what a user waits for (ingest + the first analyze + the report)
         parts = [r.get(k) for k in ("ingest", "analyze", "report")]
         if all(p and p.get("ok") for p in parts):

@@ -226,5 +226,6 @@ def remove_run(store: str | os.PathLike, run: str) -> int:
         for r in manifest.extra.get("results", {}).values():
             r["files"] = {k: v for k, v in r.get("files", {}).items() if k != run}
         manifest.extra.get("summaries", {}).pop(run, None)
+        manifest.extra.get("replay_graph", {}).pop(run, None)
         return n
     return writers.update(store, change, wait_s=0)  # the commit point; garbage collection keeps the retired files

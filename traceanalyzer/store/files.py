@@ -266,8 +266,11 @@ def place(store: Path, staged: dict[str, str], run: str, rank: int, part: str,
 
 
 def summary_files(manifest: Manifest) -> set[str]:
-    """The per-rank summary files the manifest lists (:mod:`traceanalyzer.analyses.summaries`)."""
-    return {f for r in manifest.extra.get("summaries", {}).values() for fs in r.get("files", {}).values() for f in fs}
+    """The per-rank summary files the manifest lists (:mod:`traceanalyzer.analyses.summaries`; the
+    replay graph's pieces, :mod:`traceanalyzer.replay.graph.pieces`)."""
+    return ({f for r in manifest.extra.get("summaries", {}).values() for fs in r.get("files", {}).values() for f in fs}
+            | {f for r in manifest.extra.get("replay_graph", {}).values() for c in r.get("chunks", [])
+               for f in c.get("files", {}).values()})
 
 
 def collect_garbage(store: Path, manifest: Manifest) -> None:

@@ -36,6 +36,7 @@ and the named thresholds.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -70,41 +71,62 @@ __all__ = ["ARRIVE", "GAP", "KERNEL", "KIND_NAMES", "NO_REL", "OP", "PIPELINE_VI
            "Graph", "build_graph", "merge_intervals"]
 
 
-def build_graph(store_or_con, run: str | None = None) -> Graph:
-    """Build the replay graph of one run from a store (all ranks)."""
-    from ...analyses import bind_views, connect, prepare
+def build_graph(store_or_con, run: str | None = None, dask=None, n_workers: int = 1) -> Graph:
+    """Build the replay graph of one run from a store (all ranks). Given a local store's path, the
+    graph is stitched from per-rank pieces (pieces.py), read from the store when saved there by an
+    earlier build of the same data and code, else built per chunk of ranks (on the executor:
+    ``dask`` / ``n_workers`` as ``analyze`` takes them) and saved; given a connection (or an object
+    store), it is built over the whole run's events on that one connection."""
+    from ...analyses import bind_views, connect
+    from ...store import files as st
     con = connect(store_or_con)
+    use_pieces = not hasattr(store_or_con, "execute") and isinstance(st.location(store_or_con), Path)
     # the graph needs the clock offsets (clock_offsets.sql) and, for a pipeline, its stages. Binding
     # every analysis view costs seconds on a big store, so a pipeline binds only PIPELINE_VIEWS, and a
     # connection that has them is used as it is
     have = {v for (v,) in con.execute("SELECT view_name FROM duckdb_views() WHERE temporary").fetchall()}
     bind_views(con, ["clock_offsets", "clock_alignment"])
     run = resolve_run(con, run, where="replay", table="steps", what="runs with steps")
-    g = _build(con, run)
+    if use_pieces:
+        from .pieces import build as build_pieces
+        g = build_pieces(store_or_con, con, run, _params(run), dask=dask, n_workers=n_workers,
+                         stages=lambda: _stages(con, run, have))
+    else:
+        g = _build(con, run)
+        g.stages = _stages(con, run, have)
     g.source = con
-    g.stages = pd.DataFrame({"rank": np.zeros(0, np.int32), "stage": np.zeros(0, np.int64)})
+    return g
+
+
+def _stages(con, run: str, have: set) -> pd.DataFrame | None:
+    """The pipeline stages of ``run`` (rank, stage; no rows: not a pipeline; None: no pipeline views)."""
+    from ...analyses import prepare
+    empty = pd.DataFrame({"rank": np.zeros(0, np.int32), "stage": np.zeros(0, np.int64)})
     if "pipeline_stages" not in have:
         # pipeline_stages only has rows for runs with sends (the first send orders the stages)
         (sends,) = con.execute("SELECT count(*) FROM comms WHERE run = $run AND op = 'send'", {"run": run}).fetchall()[0]
         if not sends:
-            return g
+            return empty
         prepare(con, modules=PIPELINE_VIEWS)
     try:
-        g.stages = con.execute("SELECT rank, stage FROM pipeline_stages WHERE run = $run ORDER BY stage, rank",
-                               {"run": run}).df()
+        return con.execute("SELECT rank, stage FROM pipeline_stages WHERE run = $run ORDER BY stage, rank",
+                           {"run": run}).df()
     except Exception:  # noqa: BLE001 - no pipeline views: not a pipeline
-        g.stages = None
-    return g
+        return None
+
+
+def _params(run: str) -> dict:
+    """The build's SQL parameters (the named thresholds, the node kinds)."""
+    return {"run": run, "tail_ns": GAP_WAIT_MAX_TAIL_NS, "min_gap_ns": CROSS_THREAD_MIN_GAP_NS,
+            "sync_name": BLOCKING_SYNC_NAME, "transfer_q": LAZY_P2P_TRANSFER_QUANTILE, "stream_wait": STREAM_WAIT_NAME,
+            "OP": OP, "GAP": GAP, "KERNEL": KERNEL, "ARRIVE": ARRIVE, "POST": POST, "SYNC": SYNC}
 
 
 def _build(con, run: str) -> Graph:
     t0 = time.perf_counter()
     (events,) = con.execute("SELECT count(*) FROM events WHERE run = $run", {"run": run}).fetchone()
     warm_up(events)  # numba loads its kernels in a thread while DuckDB works (not for a small run)
-    params = {"run": run, "tail_ns": GAP_WAIT_MAX_TAIL_NS, "min_gap_ns": CROSS_THREAD_MIN_GAP_NS,
-              "sync_name": BLOCKING_SYNC_NAME, "transfer_q": LAZY_P2P_TRANSFER_QUANTILE, "stream_wait": STREAM_WAIT_NAME,
-              "OP": OP, "GAP": GAP, "KERNEL": KERNEL, "ARRIVE": ARRIVE, "POST": POST, "SYNC": SYNC}
-    s = Scratch(con, params)
+    s = Scratch(con, _params(run))
     phases = {}
     try:
         for name, step in (("load", load), ("lanes", make_lanes), ("edges", make_edges)):

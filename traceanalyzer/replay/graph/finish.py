@@ -21,11 +21,33 @@ def _np(col) -> np.ndarray:
     return np.array(col.to_numpy(), dtype=np.int64) if len(col) else np.zeros(0, np.int64)
 
 
-def _codes(col) -> tuple[np.ndarray, list]:
-    """A string column as (int32 codes numbered by first appearance, their strings)."""
+def _codes(col, override=None) -> tuple[np.ndarray, list]:
+    """A string column as (int32 codes numbered by first appearance, their strings); ``override``
+    (mask, string): the string of the masked rows. A dictionary-encoded column (the graph's pieces,
+    pieces.py) is renumbered without decoding its strings: the same codes and strings."""
     if not len(col):
         return np.zeros(0, np.int32), []
-    d = pc.dictionary_encode(pc.fill_null(col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col, ""))
+    chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
+    if pa.types.is_dictionary(col.type) and not any(c.null_count for c in chunks):
+        u = pa.chunked_array(chunks, type=col.type).unify_dictionaries()
+        values = u.chunk(0).dictionary.to_pylist() if u.num_chunks else []
+        idx = np.concatenate([c.indices.to_numpy(zero_copy_only=False).astype(np.int64) for c in u.chunks])
+        if override is not None:
+            mask, s = override
+            if s not in values:
+                values.append(s)
+            idx[mask] = values.index(s)
+        used, first = np.unique(idx, return_index=True)
+        order = used[np.argsort(first, kind="stable")]       # dictionary entries in order of first appearance
+        remap = np.empty(len(values), np.int32)
+        remap[order] = np.arange(len(order), dtype=np.int32)
+        return remap[idx], [values[i] for i in order]
+    if pa.types.is_dictionary(col.type):
+        col = pc.cast(col, pa.string())
+    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
+    if override is not None:
+        col = pc.if_else(pa.array(override[0]), override[1], col)
+    d = pc.dictionary_encode(pc.fill_null(col, ""))
     return d.indices.to_numpy().astype(np.int32), d.dictionary.to_pylist()
 
 
@@ -54,16 +76,34 @@ GROUP BY s.rank, s.step, s.start"""
 
 
 def finish(s: Scratch, edges, waits, posts) -> Graph:
-    nd = s.arrow("SELECT * FROM {nd}")         # made in node order (lanes.py): read back as it is, unless
-    n = nd.num_rows                             # the connection does not preserve insertion order
+    nd = s.arrow("SELECT * FROM {nd}")         # made in node order (lanes.py): read back as it is
+    lanes = s.query("SELECT lane, rank, tid, is_gpu, type FROM {lanes} ORDER BY lane").df()
+    st, work = step_tables(s)
+    instances = s.query("SELECT inst, key, op, bytes, is_p2p, n_ranks, transfer_ns FROM {inst} ORDER BY inst").df()
+    return assemble(s.params["run"], nd, (_np(edges["src"]), _np(edges["dst"])),
+                    (_np(waits["first"]), _np(waits["tgt"]), _np(waits["src"])),
+                    (_np(posts["lo"]), _np(posts["hi"]), _np(posts["inst"])), lanes, st, work, instances)
+
+
+def step_tables(s: Scratch):
+    """(each step's cut points on its rank's main thread: rank, step, measured_ns, start, base, np, ks,
+    ke; the GPU work of each step: rank, step, nodes, tail_ns), as DataFrames."""
+    return s.query(_STEPS).df(), s.query(_GPU_WORK.replace("{steps}", _STEPS)).df()
+
+
+def assemble(run: str, nd, edges, waits, posts, lanes, st, work, instances) -> Graph:
+    """The Graph from the node table ``nd`` (Arrow: node, lane, rank, ms, me, kind, label, category,
+    inst), the cross edges (src, dst), the waits (first, tgt, src), the CPU-lane POST ranges (lo, hi,
+    inst) as int64 arrays, and the lanes, step and instance tables (DataFrames)."""
+    n = nd.num_rows
     node = _np(nd["node"])
-    if (node != np.arange(n)).any():
+    if (node != np.arange(n)).any():            # the connection did not preserve insertion order
         nd = nd.take(pa.array(np.argsort(node)))
     ms, me = _np(nd["ms"]), _np(nd["me"])
     kind = _np(nd["kind"]).astype(np.int8)
     inst = _np(nd["inst"])
     # a collective on the CPU lane: the part after its last arrival is its POST
-    p_lo, p_hi, p_inst = _np(posts["lo"]), _np(posts["hi"]) + 1, _np(posts["inst"])
+    p_lo, p_hi, p_inst = posts[0], posts[1] + 1, posts[2]
     idx = _ranges(n, p_lo, p_hi)
     kind[idx] = POST
     inst[idx] = np.repeat(p_inst, p_hi - p_lo)
@@ -71,26 +111,22 @@ def finish(s: Scratch, edges, waits, posts) -> Graph:
     # A wait inside another instance's POST wins: gloo p2p spans stay open on the caller thread
     # until the work is waited for, so a send's span holds the time its thread then waited for a
     # recv's peer to arrive -- waiting, not the send's own transfer (which a faster peer shortens)
-    w_first, w_tgt = _np(waits["first"]), _np(waits["tgt"])
+    w_first, w_tgt, w_src = waits
     r = w_first < w_tgt
     kind[_ranges(n, w_first[r], w_tgt[r])] = WAIT
     dur = me - ms
     dur[(kind == WAIT) | (kind == ARRIVE) | (kind == SYNC)] = 0
     lane = _np(nd["lane"]).astype(np.int32)
-    xs = np.concatenate([_np(edges["src"]), _np(waits["src"])])
-    xd = np.concatenate([_np(edges["dst"]), w_tgt])
+    xs = np.concatenate([edges[0], w_src])
+    xd = np.concatenate([edges[1], w_tgt])
     ptr, src, is_lane = _csr(n, lane, xs, xd)
     lag, rel = _fit_lags(ms, dur, ptr, src)
     label, labels = _codes(nd["label"])
-    cats = pc.if_else(pa.array(kind == WAIT), "wait", nd["category"].combine_chunks())
-    category, categories = _codes(cats)
-    lanes = s.query("SELECT lane, rank, tid, is_gpu, type FROM {lanes} ORDER BY lane").df()
-    return Graph(run=s.params["run"], ms=ms, me=me, dur=dur, lane=lane, rank=_np(nd["rank"]).astype(np.int32),
+    category, categories = _codes(nd["category"], override=(kind == WAIT, "wait"))
+    return Graph(run=run, ms=ms, me=me, dur=dur, lane=lane, rank=_np(nd["rank"]).astype(np.int32),
                  kind=kind, label=label, category=category, inst=inst, rel=rel, ptr=ptr, src=src, lag=lag,
                  is_lane_edge=is_lane, order=topo_order(ms, kind, src, n, is_lane, ptr), labels=labels,
-                 categories=categories, lanes=lanes, steps=_steps(s),
-                 instances=s.query("SELECT inst, key, op, bytes, is_p2p, n_ranks, transfer_ns FROM {inst} "
-                                   "ORDER BY inst").df())
+                 categories=categories, lanes=lanes, steps=_steps(st, work), instances=instances)
 
 
 def _csr(n, lane, xs, xd):
@@ -140,15 +176,13 @@ def _fit_lags(ms, dur, ptr, src):
     return lag, np.where(has_in, NO_REL, ms)
 
 
-def _steps(s: Scratch) -> pd.DataFrame:
-    st = s.query(_STEPS).df()
+def _steps(st: pd.DataFrame, work: pd.DataFrame) -> pd.DataFrame:
     last = st["np"].to_numpy(np.int64) - 1
     base, ks, ke = (st[c].to_numpy(np.int64) for c in ("base", "ks", "ke"))
     out = pd.DataFrame({"rank": st["rank"].astype(np.int64), "step": st["step"].astype(np.int64),
                         "measured_ns": st["measured_ns"].astype(np.int64),
                         "start_node": base + np.where(ks < last, ks, ks - 1), "start_uses_end": ks >= last,
                         "end_node": base + np.where(ke >= last, ke - 1, ke), "end_uses_end": ke >= last})
-    work = s.query(_GPU_WORK.replace("{steps}", _STEPS)).df()
     gpu_nodes = [np.zeros(0, np.int64)] * len(out)
     if len(work):
         where = {(r, t): i for i, (r, t) in enumerate(zip(out["rank"], out["step"]))}

@@ -136,8 +136,10 @@ SELECT $n_lane_nodes + inst AS node, -1 AS lane, -1 AS rank, -1 AS tid, last_arr
 FROM {inst}"""
 
 
-def make_lanes(s: Scratch) -> None:
-    """Make the tables listed in the module docstring."""
+def make_lanes(s: Scratch, sync_base: int | None = None) -> None:
+    """Make the tables listed in the module docstring. With ``sync_base`` (a piece of the graph
+    built for some ranks, pieces.py), ``nd`` has no SYNC nodes and instance ``i``'s SYNC node is
+    numbered ``sync_base + i`` in the edges (the stitch numbers it)."""
     s.make("w_runloop", _RUNLOOP_WAITS)
     s.make("w_cross", _CROSS_THREAD_WAITS)
     s.make("w_sync", _SYNC_WAITS)
@@ -153,10 +155,11 @@ def make_lanes(s: Scratch) -> None:
     s.make("qthreads", _QUEUE_THREADS)
     s.make("queue_nodes", _QUEUE_ITEMS)
     n_q = s.scalar("SELECT count(*) FROM {queue_nodes}")
-    s.params["n_lane_nodes"] = n_cpu_nodes + n_q
+    s.params["n_lane_nodes"] = n_cpu_nodes + n_q if sync_base is None else sync_base
+    sync = "" if sync_base is not None else f"UNION ALL ({_SYNC_NODES})"
     s.make("nd", f"SELECT node, lane, rank, tid, ms, greatest(me, ms) AS me, kind, label, category, inst, event_id, comm_id "
                  f"FROM (SELECT * FROM {{cpu_nodes}} UNION ALL SELECT * FROM {{queue_nodes}} "
-                 f"UNION ALL ({_SYNC_NODES})) ORDER BY node")      # kept in node order: read back as it is
+                 f"{sync}) ORDER BY node")      # kept in node order: read back as it is
     s.make("lanes", """
         SELECT lane, rank, tid, false AS is_gpu, 'cpu' AS type FROM {cpu_lanes}
         UNION ALL

@@ -154,7 +154,7 @@ FROM {cm} GROUP BY inst"""
 
 _CPU_THREADS = """
 SELECT DISTINCT rank, tid FROM {ev} WHERE NOT is_gpu
-EXCEPT SELECT DISTINCT rank, exec_tid FROM {cm0} WHERE is_q AND exec_tid IS NOT NULL"""
+EXCEPT SELECT DISTINCT rank, exec_tid FROM {cm} WHERE is_q AND exec_tid IS NOT NULL"""
 
 # runtime calls with a correlation id, joined to the GPU ops of their rank with the same id
 _LAUNCHES = """
@@ -193,23 +193,35 @@ FROM steps s LEFT JOIN {off} o ON o.rank = s.rank WHERE s.run = $run"""
 
 def load(s: Scratch) -> None:
     """Make the tables listed in the module docstring."""
-    con = s.con
+    load_comms(s)
+    load_ranks(s)
+
+
+def load_comms(s: Scratch) -> None:
+    """The run-wide part (reads ``comms`` and the clock offsets, no events): ``off``, ``cm0``, ``cm``
+    and ``inst``. What a rank's part (``load_ranks``) needs of the other ranks is all in ``cm``."""
     applied = s.scalar("SELECT count(*) FROM clock_alignment WHERE run = $run AND applied")
     s.make("off", "SELECT rank::BIGINT AS rank, offset_ns::BIGINT AS off FROM clock_offsets "
                   "WHERE run = $run AND offset_ns IS NOT NULL" + ("" if applied else " AND false"))
+    s.make("cm0", _COMMS)
+    s.make("cm", _LAZY_ENDS)
+    s.make("inst", _INSTANCES)
+
+
+def load_ranks(s: Scratch) -> None:
+    """The rank-local part, given ``off`` and ``cm`` (of these ranks): ``ev``, ``lazy``,
+    ``cpu``, ``tops``, ``lazy_bounds``, ``launch``, ``st``, ``main``."""
+    con = s.con
     cur = con.execute("SELECT * FROM events LIMIT 0")
     cols = {d[0] for d in cur.description}
     cur.fetchall()
     # stores before schema 1.3 have no events.nested: every event is fetched (the same top-level work)
     nested = "coalesce(e.nested, false)" if "nested" in cols else "false"
     s.make("ev", _EVENTS.replace("{nested}", nested))
-    s.make("cm0", _COMMS)
-    s.make("lazy", "SELECT rank, lazy_tid AS tid, exec_event_id FROM {cm0} WHERE lazy")
+    s.make("lazy", "SELECT rank, lazy_tid AS tid, exec_event_id FROM {cm} WHERE lazy")
     s.make("cpu", _CPU_THREADS)
     s.make("tops", _TOPS)
-    s.make("cm", _LAZY_ENDS)
     s.make("lazy_bounds", _LAZY_BOUNDS)
-    s.make("inst", _INSTANCES)
     s.make("launch", _LAUNCHES.replace("{members}", "IN"))
     s.make("st", _STEPS)
     # the thread that records ProfilerStep is each rank's main thread
