@@ -100,11 +100,15 @@ def _connection(rnd: random.Random, hops: int):
     return con
 
 
+#: random stores per setting (each compared row for row with the walk from every window)
+TRIALS = 12
+
+
 @pytest.mark.parametrize("hops", [1, 2, 32])
 def test_same_rows_as_walking_from_every_window(hops):
     rnd = random.Random(hops)
     renumbered = 0
-    for _ in range(25):
+    for _ in range(TRIALS):
         con = _connection(rnd, hops)
         got = con.execute(_components(M.modules()["step_alignment"].text)).fetchall()
         assert got == con.execute(_components(WALK_FROM_EVERY_WINDOW)).fetchall()

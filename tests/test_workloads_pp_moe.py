@@ -49,9 +49,11 @@ def _ingest(folder: Path, store: Path) -> Run:
 
 
 def _launch(factory, nproc: int, workload: str, name: str, *flags: str) -> Run:
-    """Run `workload` as a real torchrun job (run `name`) and ingest what it wrote."""
+    """Run `workload` as a real torchrun job (run `name`) and ingest what it wrote. No Parquet parts
+    (``--no-parquet``: each rank's converter process costs ~1 s of a 2-core machine; tests/test_collect_parquet.py
+    covers the parts): ingest parses the JSON."""
     tmp = factory.mktemp(name)
-    result = launch(nproc, [workload, "--run-name", name, *flags], tmp)
+    result = launch(nproc, [workload, "--run-name", name, "--no-parquet", *flags], tmp)
     return _ingest(result.out_dir / name, tmp / "store")
 
 
