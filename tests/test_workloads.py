@@ -96,7 +96,7 @@ def test_rank_trace_and_fr(clean_run, rank):
 @pytest.mark.launch
 def test_straggler_without_overlap(tmp_path):
     run = "slow"
-    result = launch(WORLD, ["ddp", "--run-name", run, "--no-overlap",
+    result = launch(WORLD, ["ddp", "--run-name", run, "--no-overlap", "--no-parquet",   # reads the JSON only
                             "--slow-rank", "1", "--slow-ms", str(SLOW_MS)], tmp_path)
     folder = result.out_dir / run
     gt = _json(folder / "manifest.json")["ground_truth"]
