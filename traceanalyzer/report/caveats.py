@@ -62,7 +62,6 @@ def shared_host_caveat(ranks: pd.DataFrame, replayed: bool) -> list[str]:
             "on 2 cores they missed real re-runs by up to ~30 % for this alone."]
 
 
-
 def host_cpu_caveat(host_cpu: pd.DataFrame | None) -> list[str]:
     """Ranks that waited for a CPU core (the collector's schedstat samples, ``host_cpu`` result;
     ``contended``: at least ``host_cpu_wait_min_pct`` of the step, median): one line per host, since
