@@ -42,6 +42,9 @@ LAUNCH_TIMEOUT_S = 300
 PP = ["pipeline", "--microbatches", "8"]
 PPDP = ["pipeline", "--schedule", "1f1b", "--microbatches", "4", "--dp", "2"]
 MOE = ["moe", "--tokens", "256", "--ffn-mult", "32"]
+#: Every recording profiles 8 steps (the workloads' default is 3): one recording's mean step is then
+#: less one draw of this machine's noise (session 17: a clean 2-rank MoE run's 3 steps spread 16-46 ms).
+PROFILE = ["--steps", "11", "--prof-active", "8"]
 
 
 @dataclass
@@ -133,7 +136,7 @@ def record(corpus: Path, name: str, case: Case) -> Path:
     tmp = corpus / "tmp" / name
     shutil.rmtree(tmp, ignore_errors=True)
     t0 = time.perf_counter()
-    res = launch(case.nproc, case.args + ["--run-name", name], tmp, timeout=LAUNCH_TIMEOUT_S)
+    res = launch(case.nproc, case.args + PROFILE + ["--run-name", name], tmp, timeout=LAUNCH_TIMEOUT_S)
     dest.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(dest, ignore_errors=True)
     shutil.move(str(res.out_dir / name), str(dest))
