@@ -401,6 +401,9 @@ def _add_cpu_wait(data: RunData, found: list[Finding]) -> None:
         f.cpu_wait_ns_per_step = float(r["wait_ns_per_step"])
         f.evidence.append(f"waited for a CPU core {ms(r['wait_ns_per_step'])} per step ({r['wait_pct']:.1f}% of its step, "
                           f"median) vs its peers' median {ms(r['peers_wait_ns_per_step'])}")
+        if "run_ns_per_step" in r and pd.notna(r["run_ns_per_step"]):
+            f.evidence.append(f"its training thread ran {ms(r['run_ns_per_step'])} of CPU per step (median) vs its peers' "
+                              f"median {ms(r['peers_run_ns_per_step'])}")
 
 
 def _same_work_ranks(data: RunData) -> list[int]:

@@ -42,7 +42,10 @@ WHERE s.next_step = s.step + 1;
 -- Columns: run, rank, host, cores, cpu_count, ranks_on_host (ranks of the run with samples on that
 -- host), steps, step_ns_per_step, wait_ns_per_step, wait_pct, proc_wait_ns_per_step,
 -- peers_wait_ns_per_step (median over the run's other ranks of their wait_ns_per_step; NULL: no
--- peer), contended (wait_pct >= host_cpu_wait_min_pct).
+-- peer), contended (wait_pct >= host_cpu_wait_min_pct), run_ns_per_step (the training thread's CPU
+-- time: what its work cost on its core), peers_run_ns_per_step (their median). A rank that runs the
+-- same work as its peers with more CPU time was slowed by its host (a slower or shared core, cache);
+-- one whose extra step time is neither run nor wait was off the CPU (a sleep, I/O, a lock).
 CREATE OR REPLACE TEMP VIEW host_cpu_ranks AS
 WITH chosen AS (
     SELECT *, bool_or(in_trace) OVER (PARTITION BY run, rank) AS rank_traced FROM host_cpu_steps
@@ -50,12 +53,13 @@ WITH chosen AS (
 per_rank AS (
     SELECT run, rank, any_value(host) AS host, max(cores) AS cores, max(cpu_count) AS cpu_count, count(*) AS steps,
            median(step_ns) AS step_ns_per_step, median(wait_ns) AS wait_ns_per_step, median(wait_pct) AS wait_pct,
-           median(proc_wait_ns) AS proc_wait_ns_per_step
+           median(proc_wait_ns) AS proc_wait_ns_per_step, median(run_ns) AS run_ns_per_step
     FROM chosen WHERE in_trace OR NOT rank_traced
     GROUP BY run, rank
 )
 SELECT p.run, p.rank, p.host, p.cores, p.cpu_count, count(*) OVER (PARTITION BY p.run, p.host) AS ranks_on_host,
        p.steps, p.step_ns_per_step, p.wait_ns_per_step, p.wait_pct, p.proc_wait_ns_per_step,
        (SELECT median(o.wait_ns_per_step) FROM per_rank o WHERE o.run = p.run AND o.rank <> p.rank) AS peers_wait_ns_per_step,
-       p.wait_pct >= getvariable('host_cpu_wait_min_pct') AS contended
+       p.wait_pct >= getvariable('host_cpu_wait_min_pct') AS contended, p.run_ns_per_step,
+       (SELECT median(o.run_ns_per_step) FROM per_rank o WHERE o.run = p.run AND o.rank <> p.rank) AS peers_run_ns_per_step
 FROM per_rank p;
