@@ -88,13 +88,13 @@ def offsets(s: Scratch) -> list:
 def map_task(store: str, run: str, ranks: list[int], params: dict, comm_dir: str, out: str) -> dict:
     """Build the piece of ``ranks`` (consecutive) from their own files and the run's communication
     (``comm_dir``: off.parquet, cm.parquet); returns {"files": {table: path}, "counts": {...}}."""
-    from ...analyses.summaries import _open, _quote, chunk_label
-    con = _open(store, run, ranks)
+    from ...analyses.summaries import chunk_label, open_run, sql_quote
+    con = open_run(store, run, ranks)
     s = Scratch(con, dict(params))
     mine = ", ".join(str(int(r)) for r in ranks)
     try:
-        s.make("off", f"SELECT * FROM read_parquet('{_quote(comm_dir)}/off.parquet')")
-        s.make("cm", f"SELECT * FROM read_parquet('{_quote(comm_dir)}/cm.parquet') WHERE rank IN ({mine})")
+        s.make("off", f"SELECT * FROM read_parquet('{sql_quote(comm_dir)}/off.parquet')")
+        s.make("cm", f"SELECT * FROM read_parquet('{sql_quote(comm_dir)}/cm.parquet') WHERE rank IN ({mine})")
         load_ranks(s)
         make_lanes(s, sync_base=SYNC_BASE)
         edges, waits, posts = make_edges(s)
@@ -221,7 +221,7 @@ def build(store, con, run: str, params: dict, dask=None, n_workers: int = 1, chu
     store connection with clock_offsets / clock_alignment bound; ``chunks`` the ranks of each map
     task (default: ``analyses.summaries.rank_chunks``); ``stages()`` the run's pipeline stages,
     saved with the pieces (the first chunk's ``stages`` file; without it the graph's are None)."""
-    from ...analyses.summaries import _place, chunk_label, rank_chunks
+    from ...analyses.summaries import chunk_label, place_file, rank_chunks
     from ...errors import TraceAnalyzerError
     from ...ingest.executor import open_executor
     loc = st.location(store)
@@ -270,7 +270,7 @@ def build(store, con, run: str, params: dict, dask=None, n_workers: int = 1, chu
                 pq.write_table(pa.Table.from_pandas(g.stages, preserve_index=False), done[0]["files"]["stages"])
             if save:
                 try:
-                    _commit(loc, run, run_key, done, _place, chunk_label)
+                    _commit(loc, run, run_key, done, place_file, chunk_label)
                 except (StoreError, OSError):  # busy or read-only: the graph stands, the next build makes it again
                     g.stats["pieces"] = "built, not saved"
         finally:
