@@ -266,7 +266,7 @@ def rank_manifests(folder: Path, cache: dict | None = None) -> list[tuple[Path, 
     with ``cache`` (a dict the caller keeps for one ingest) each folder is read once, not once a trace."""
     if cache is not None and folder in cache:
         return cache[folder]
-    out = [(m, read_rank_manifest(m)) for m in sorted(folder.glob("rank*.manifest.json"))]
+    out = [(m, _checked_part(read_rank_manifest(m))) for m in sorted(folder.glob("rank*.manifest.json"))]
     if cache is not None:
         cache[folder] = out
     return out
@@ -278,6 +278,19 @@ def read_rank_manifest(path: Path):
         return json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+
+
+#: the fields of a rank manifest the ingest's checks read (its rank, run id and files)
+_CHECKED = ("rank", "run_id", "files")
+
+
+def _checked_part(doc):
+    """What the checks read of a manifest (a dict whose ``files`` is a dict: its :data:`_CHECKED`
+    fields, the same values and missing keys; anything else as it is, for the check to refuse): the
+    rest (the process groups list every rank: N ints a manifest) is not held N times by the driver."""
+    if isinstance(doc, dict) and isinstance(doc.get("files"), dict):
+        return {k: doc[k] for k in _CHECKED if k in doc}
+    return doc
 
 
 def manifests_for(paths: list[str], cache: dict) -> list[dict]:

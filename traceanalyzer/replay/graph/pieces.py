@@ -11,8 +11,9 @@ process, on every ``report`` with replay. Here:
    wait edges and its CPU-lane POST ranges and steps, numbered locally -- the same SQL as the
    one-connection build (load.py, lanes.py, edges.py) on a connection over the chunk's files only;
    instance ``i``'s SYNC node is numbered ``SYNC_BASE + i``;
-3. **commit**: the pieces go to ``STORE/_summaries/replay_graph/<table>/run=R/rank=K[-L]/`` and are
-   listed in the manifest under ``replay_graph`` with a key (FORMAT, the package version, the source
+3. **commit**: the pieces go to ``STORE/_summaries/replay_graph/<table>/run=R/rank=K[-L]/`` (an
+   object store's uploaded first, under new names) and are listed in the manifest under
+   ``replay_graph`` with a key (FORMAT, the package version, the source
    of the graph modules, the run's files, the applied clock offsets): a run re-ingested, other
    offsets or other code make the next build compute them again, never use them;
 4. **stitch** (driver): the pieces renumbered (CPU nodes of every chunk, then queue nodes, then one
