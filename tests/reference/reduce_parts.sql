@@ -1,7 +1,7 @@
--- The reduce's SQL of imbalance_ops and _collective_blocked before their per-rank parts moved into
--- the map (session 18, issue 18 part 4; analyses/sql/imbalance.sql, stragglers.sql at ef68d65), kept
--- as the reference tests/test_reduce_parts.py compares the map/reduce views with: each computed
--- over every rank's intervals and segments in one connection. Only the view names differ.
+-- The reduce's SQL of imbalance_ops before its per-rank part moved into the map (session 18, issue
+-- 18 part 4; analyses/sql/imbalance.sql at ef68d65), kept as the reference tests/test_reduce_parts.py
+-- compares the map/reduce view with: computed over every rank's intervals in one connection. Only
+-- the view's name differs.
 
 -- Imbalance per op type: for each kernel (GPU) or CPU operator name, its time per rank and step,
 -- and how unevenly the ranks spend it (median over steps). Shows *which* work is unbalanced.
@@ -29,36 +29,3 @@ SELECT s.run, s.category, s.name, any_value(s.n_ranks) AS n_ranks, median(s.mean
        median(s.max_ns / nullif(s.mean_ns, 0)) AS max_over_mean, median(s.max_ns - s.mean_ns) AS excess_ns_per_step,
        row_number() OVER (PARTITION BY s.run ORDER BY median(s.max_ns - s.mean_ns) DESC, s.category, s.name) AS rank_order
 FROM per_step s JOIN most_often m USING (run, category, name) WHERE s.n_ranks > 1 GROUP BY s.run, s.category, s.name;
-
--- Per rank, step and phase: the time the rank sat blocked in a collective waiting for its last
--- member -- between its own call and the last member's arrival, with none of its compute running
--- (FSDP's all_gather in forward blocks the rank; DDP's all_reduce runs beside backward and blocks
--- nothing). Columns: run, rank, step, phase, wait_ns.
-CREATE OR REPLACE TEMP VIEW _ref_collective_blocked AS
-WITH w AS (  -- from its arrival to the last member's, on the rank's own clock (the offset taken back out)
-    SELECT {'run': r.run, 'rank': r.rank} AS grp, r.arrival_ns - coalesce(o.offset_ns, 0) AS lo_ns,
-           r.arrival_ns - coalesce(o.offset_ns, 0) + r.wait_ns AS hi_ns
-    FROM collective_ranks r LEFT JOIN clock_offsets o ON o.run = r.run AND o.rank = r.rank
-    WHERE r.wait_ns > 0
-),
-u AS (SELECT grp.run AS run, grp.rank AS rank, lo_ns, hi_ns FROM _union_intervals(w)),
-ph AS (
-    SELECT run, rank, step, 'forward' AS phase, step_start_ns AS lo, step_start_ns + forward_ns AS hi FROM step_phases
-    UNION ALL
-    SELECT run, rank, step, 'backward', step_start_ns + forward_ns, step_start_ns + forward_ns + backward_ns FROM step_phases
-    UNION ALL
-    SELECT run, rank, step, 'optimizer', step_end_ns - optimizer_ns, step_end_ns FROM step_phases
-),
-clip AS (
-    SELECT p.run, p.rank, p.step, p.phase, greatest(u.lo_ns, p.lo) AS lo, least(u.hi_ns, p.hi) AS hi
-    FROM u JOIN ph p ON p.run = u.run AND p.rank = u.rank AND u.lo_ns < p.hi AND u.hi_ns > p.lo
-),
-busy AS (  -- compute inside each clipped wait (activity segments are disjoint)
-    SELECT c.run, c.rank, c.step, c.phase, c.lo, sum(least(a.hi_ns, c.hi) - greatest(a.lo_ns, c.lo)) AS busy_ns
-    FROM clip c JOIN activity_segments a
-      ON a.run = c.run AND a.rank = c.rank AND a.n_compute > 0 AND a.lo_ns < c.hi AND a.hi_ns > c.lo
-    GROUP BY ALL
-)
-SELECT c.run, c.rank, c.step, c.phase, sum(c.hi - c.lo - coalesce(b.busy_ns, 0)) AS wait_ns
-FROM clip c LEFT JOIN busy b USING (run, rank, step, phase, lo)
-GROUP BY ALL;

@@ -87,31 +87,6 @@ FROM all_rank_steps a JOIN step_time t USING (run, step)
 LEFT JOIN imposed i USING (run, rank, step)
 LEFT JOIN arrived_last l USING (run, rank, step);
 
--- _collective_blocked's per-rank part, made in the map (summaries.py): each rank's compute time
--- before t, C(t) = the sum over its compute segments (activity_segments, n_compute > 0, every step
--- and window) of their time before t, as breakpoints: at t_ns, C = before_ns and C grows by
--- n_active ns a ns until the next breakpoint (the number of those segments running). The compute
--- inside [lo, hi) is then C(hi) - C(lo), two lookups, not a join of every wait with every segment.
--- Columns: run, rank, t_ns, n_active, before_ns.
--- scope: rank
-CREATE OR REPLACE TEMP VIEW _compute_before AS
-WITH d AS (
-    SELECT run, rank, t_ns, sum(delta) AS delta
-    FROM (SELECT run, rank, lo_ns AS t_ns, 1 AS delta FROM activity_segments WHERE n_compute > 0
-          UNION ALL
-          SELECT run, rank, hi_ns, -1 FROM activity_segments WHERE n_compute > 0)
-    GROUP BY ALL HAVING sum(delta) <> 0   -- where one segment ends as the next starts C goes on straight
-),
-slope AS (
-    SELECT run, rank, t_ns, CAST(sum(delta) OVER w AS BIGINT) AS n_active,
-           lead(t_ns) OVER (PARTITION BY run, rank ORDER BY t_ns) - t_ns AS to_next_ns
-    FROM d WINDOW w AS (PARTITION BY run, rank ORDER BY t_ns ROWS UNBOUNDED PRECEDING)
-)
-SELECT run, rank, t_ns, n_active,
-       coalesce(sum(CAST(n_active AS HUGEINT) * to_next_ns)
-                    OVER (PARTITION BY run, rank ORDER BY t_ns ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before_ns
-FROM slope;
-
 -- Per rank, step and phase: the time the rank sat blocked in a collective waiting for its last
 -- member -- between its own call and the last member's arrival, with none of its compute running
 -- (FSDP's all_gather in forward blocks the rank; DDP's all_reduce runs beside backward and blocks
@@ -135,25 +110,11 @@ clip AS (
     SELECT p.run, p.rank, p.step, p.phase, greatest(u.lo_ns, p.lo) AS lo, least(u.hi_ns, p.hi) AS hi
     FROM u JOIN ph p ON p.run = u.run AND p.rank = u.rank AND u.lo_ns < p.hi AND u.hi_ns > p.lo
 ),
-at_lo AS (  -- C(lo): the last breakpoint at or before lo
-    SELECT c.*, coalesce(k.before_ns + k.n_active * (c.lo - k.t_ns), 0) AS c_lo
-    FROM clip c ASOF LEFT JOIN _compute_before k ON k.run = c.run AND k.rank = c.rank AND c.lo >= k.t_ns
-),
-spans AS (  -- compute inside each clipped wait: C(hi) - C(lo)
-    SELECT a.run, a.rank, a.step, a.phase, a.lo, a.hi,
-           CAST(coalesce(k.before_ns + k.n_active * (a.hi - k.t_ns), 0) - a.c_lo AS HUGEINT) AS busy_ns
-    FROM at_lo a ASOF LEFT JOIN _compute_before k ON k.run = a.run AND k.rank = a.rank AND a.hi >= k.t_ns
-    WHERE a.hi >= a.lo
-),
-inverted AS (  -- a clipped span with hi < lo (a phase ending before it starts): the segments around it
-    SELECT c.run, c.rank, c.step, c.phase, c.lo, c.hi, sum(least(a.hi_ns, c.hi) - greatest(a.lo_ns, c.lo)) AS busy_ns
-    FROM (SELECT * FROM clip WHERE hi < lo) c JOIN activity_segments a
+busy AS (  -- compute inside each clipped wait (activity segments are disjoint)
+    SELECT c.run, c.rank, c.step, c.phase, c.lo, sum(least(a.hi_ns, c.hi) - greatest(a.lo_ns, c.lo)) AS busy_ns
+    FROM clip c JOIN activity_segments a
       ON a.run = c.run AND a.rank = c.rank AND a.n_compute > 0 AND a.lo_ns < c.hi AND a.hi_ns > c.lo
     GROUP BY ALL
-),
-busy AS (  -- per (run, rank, step, phase, lo), as its spans are joined back below
-    SELECT run, rank, step, phase, lo, sum(busy_ns) AS busy_ns
-    FROM (SELECT * FROM spans UNION ALL SELECT * FROM inverted) GROUP BY ALL
 )
 SELECT c.run, c.rank, c.step, c.phase, sum(c.hi - c.lo - coalesce(b.busy_ns, 0)) AS wait_ns
 FROM clip c LEFT JOIN busy b USING (run, rank, step, phase, lo)
