@@ -57,3 +57,27 @@ def test_a_reader_keeps_a_run_removed_and_ingested_again(tmp_path, monkeypatch):
     assert json.loads((store / st.MANIFEST).read_text())["traces"]            # the new run stays
     with ta.open(store) as fresh:
         assert _events(fresh)[0] > 0
+
+
+def test_store_connections_draw_no_progress_bar_and_change_nothing_global(shipped_store):
+    """DuckDB draws a progress bar on stdout for long queries, which would land in front of
+    ``analyze --json > file``: the store's connections turn it off for themselves only."""
+    import duckdb
+
+    def fresh() -> bool:
+        other = duckdb.connect()
+        try:
+            return other.execute("SELECT current_setting('enable_progress_bar')").fetchone()[0]
+        finally:
+            other.close()
+    before = fresh()
+    other = duckdb.connect()
+    other.execute("SET enable_progress_bar = true")
+    con = st.open_store(shipped_store)
+    try:
+        assert con.execute("SELECT current_setting('enable_progress_bar')").fetchone()[0] is False
+        assert other.execute("SELECT current_setting('enable_progress_bar')").fetchone()[0] is True
+    finally:
+        con.close()
+        other.close()
+    assert fresh() == before
