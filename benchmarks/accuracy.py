@@ -17,6 +17,12 @@ a fresh cache re-analyses every run, e.g. after changing the analyses). Clean ru
 ``--fault-repeats`` times, each repeat scored on its own against the twin (one recording of a fault is one
 draw of the machine's noise: a score over several shows what is the analysis and what was that draw).
 Results are appended to ``benchmarks/RESULTS.md`` with the command and the machine.
+
+Record on a quiet machine: a recording is one draw of the host's noise, and on 2 cores another
+job's CPU, cache or disk traffic slows whole recordings (session 18: the same clean 4-rank pipeline
+ran 38 ms and 63 ms a step in two recordings). Session 18's corpus was recorded with the recorder at
+nice -15 and every other process at nice 19 (autogroup scheduling off, so that nice applies across
+sessions); the analyses, which do not depend on load, ran beside other work.
 """
 from __future__ import annotations
 
