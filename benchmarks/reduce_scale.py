@@ -9,6 +9,12 @@ the driver of the first ``analyze`` holds after its map. Once with ``summaries.R
 in the same run. Per child: wall and CPU seconds, peak RSS, result rows and a hash of the JSON
 document (``to_json``: the caps must not change one byte). A script, not a test.
 
+``--before DIR`` (issue 18 part 4): also the reduce of the code in DIR (a checkout of an earlier
+commit, e.g. ``git archive ef68d65 | tar -x -C DIR``) on the same saved summaries, in the same run:
+its child imports the package from DIR and reads the summaries whatever their key (the SQL changed,
+the saved tables are a superset of what the earlier code reads: a measurement, not a result); the
+JSON hashes of both must be equal.
+
     PYTHONPATH=$PWD python benchmarks/reduce_scale.py /tmp/drivermem/store-{128,512,1024} [--caps 1073741824] [--append]
 """
 from __future__ import annotations
@@ -26,12 +32,17 @@ sys.path.insert(0, str(HERE))
 import harness  # noqa: E402
 
 
-def child(store: str, cap: int) -> dict:
+def child(store: str, cap: int, before: str | None = None) -> dict:
+    if before:
+        sys.path.insert(0, before)       # the earlier code, on summaries saved by this one
     from traceanalyzer.analyses import summaries as sm
     from traceanalyzer.analyses.results import analyze, effective_params, to_json
     from traceanalyzer.store import files as st
     runs = sorted({t["run"] for t in st.read_manifest(st.location(store)).traces})
-    if sm.current(store, runs, effective_params({})) != runs:
+    if before:
+        assert sm.__file__.startswith(str(Path(before).resolve())), sm.__file__
+        sm.current = lambda store, runs, params, manifest=None: list(runs)   # any key: no map
+    elif sm.current(store, runs, effective_params({})) != runs:
         raise SystemExit(f"{store}: summaries not current (analyze it once first)")
     sm.REDUCE_MEMORY_BYTES = cap
     t0 = time.perf_counter()
@@ -51,6 +62,7 @@ def main(argv=None) -> int:
     ap.add_argument("--append", action="store_true", help="append the table to benchmarks/RESULTS.md")
     ap.add_argument("--json-out", type=Path)
     ap.add_argument("--capped-only", action="store_true", help="leave out the run without a cap")
+    ap.add_argument("--before", type=Path, help="also the reduce of the code in this folder (an earlier commit)")
     args = ap.parse_args(argv)
     start = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     machine = harness.machine_line()
@@ -61,12 +73,12 @@ def main(argv=None) -> int:
         con = ta.open(store)
         ranks = con.execute("SELECT count(DISTINCT rank) FROM ranks").fetchone()[0]
         con.close()
-        for cap in caps:
+        for cap, code in [(c, k) for c in caps for k in ([str(args.before.resolve())] if args.before else []) + [""]]:
             load = harness.machine_info()["loadavg"][0]
-            res = harness.run_child([sys.executable, str(Path(__file__).resolve()), "_child", store, str(cap)],
-                                    Path(store).parent / f"reduce-{Path(store).name}-{cap}.log",
+            res = harness.run_child([sys.executable, str(Path(__file__).resolve()), "_child", store, str(cap), code],
+                                    Path(store).parent / f"reduce-{Path(store).name}-{cap}{'-before' if code else ''}.log",
                                     timeout_s=args.timeout, expect_result=True)
-            row = {"store": store, "ranks": ranks, "cap": cap, "load_start": load,
+            row = {"store": store, "ranks": ranks, "cap": cap, "load_start": load, "code": "before" if code else "this",
                    **{k: res.get(k) for k in ("ok", "error", "seconds", "cpu_seconds", "child_maxrss_kb",
                                               "polled_peak_kb", "analyze_peak_kb", "rows", "sha256", "log_tail")}}
             print(json.dumps({k: v for k, v in row.items() if k != "log_tail"}), flush=True)
@@ -82,22 +94,23 @@ def main(argv=None) -> int:
 
 def render(rows: list[dict], args, start: str, machine: str) -> str:
     out = [f"\n## The reduce's driver memory with and without its DuckDB cap (issue 18): `benchmarks/reduce_scale.py`, {start}\n",
-           f"- command: `python benchmarks/reduce_scale.py {' '.join(args.stores)} --caps {args.caps}`",
+           f"- command: `python benchmarks/reduce_scale.py {' '.join(args.stores)} --caps {args.caps}"
+           f"{' --before ' + str(args.before) if args.before else ''}`",
            f"- machine: {machine}",
            "- each row: `analyze` of a store whose summaries are current (the reduce alone) in its own process\n",
-           "| ranks | cap | wall (s) | CPU (s) | peak RSS | analyze's peak | rows | JSON sha256 | load at start |",
-           "|---:|---|---:|---:|---:|---:|---:|---|---:|"]
+           "| ranks | code | cap | wall (s) | CPU (s) | peak RSS | analyze's peak | rows | JSON sha256 | load at start |",
+           "|---:|---|---|---:|---:|---:|---:|---:|---|---:|"]
     for r in rows:
         kb = r.get("child_maxrss_kb") or 0
         cap = "none" if not r["cap"] else f"{r['cap'] / 2**20:.0f} MiB"
         t = f"{r['seconds']:.1f}" if r.get("ok") else f"failed ({r.get('error')})"
-        out.append(f"| {r['ranks']} | {cap} | {t} | {r.get('cpu_seconds') or 0:.1f} | {kb * 1024 / 1e9:.2f} GB | "
+        out.append(f"| {r['ranks']} | {r.get('code', 'this')} | {cap} | {t} | {r.get('cpu_seconds') or 0:.1f} | {kb * 1024 / 1e9:.2f} GB | "
                    f"{(r.get('analyze_peak_kb') or 0) * 1024 / 1e9:.2f} GB | {r.get('rows') or ''} | {r.get('sha256') or ''} | {r['load_start']} |")
     return "\n".join(out) + "\n"
 
 
 if __name__ == "__main__":
     if len(sys.argv) > 3 and sys.argv[1] == "_child":
-        harness.emit_result(child(sys.argv[2], int(sys.argv[3])))
+        harness.emit_result(child(sys.argv[2], int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] else None))
     else:
         sys.exit(main())

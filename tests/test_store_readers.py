@@ -57,3 +57,16 @@ def test_a_reader_keeps_a_run_removed_and_ingested_again(tmp_path, monkeypatch):
     assert json.loads((store / st.MANIFEST).read_text())["traces"]            # the new run stays
     with ta.open(store) as fresh:
         assert _events(fresh)[0] > 0
+
+
+def test_store_connections_draw_no_progress_bar_and_change_nothing_global(shipped_store):
+    """DuckDB draws a progress bar on stdout for long queries, which would land in front of
+    ``analyze --json > file``: the store's connections turn it off for themselves only. In a fresh
+    interpreter (pytest's own turns DuckDB's default off), where a new connection has it on."""
+    code = ("import sys, duckdb; from traceanalyzer.store import files as st\n"
+            "q = \"SELECT current_setting('enable_progress_bar')\"\n"
+            "con = st.open_store(sys.argv[1])\n"
+            "print(duckdb.connect().execute(q).fetchone()[0], con.execute(q).fetchone()[0])")
+    out = subprocess.run([sys.executable, "-c", code, str(shipped_store)], capture_output=True, text=True,
+                         check=True, env={**os.environ, "PYTHONPATH": str(Path(ta.__file__).parents[1])})
+    assert out.stdout.split() == ["True", "False"], out.stdout + out.stderr

@@ -95,7 +95,8 @@ class Session:
         ``.breakdown_ns``, ``.straggler``, and the model's ``.steps`` per rank and step,
         ``.identity_error``, ``.job_step_ns()``)."""
         from .replay import run as replay_run
-        return replay_run(self.con, plan, run=run, straggler_metrics=straggler_metrics, chrome_trace=chrome_trace)
+        return replay_run(self.path, plan, run=run, straggler_metrics=straggler_metrics, chrome_trace=chrome_trace,
+                          con=self.con)
 
     def job_step_ns(self, run: str) -> float | None:
         """The measured job step of ``run`` from its ``steps`` (per rank the mean step, then the
@@ -107,9 +108,10 @@ class Session:
 
     def graph(self, run: str | None = None):
         """The replay's dependency graph of ``run`` (:class:`~traceanalyzer.replay.graph.Graph`), for
-        :func:`traceanalyzer.replay.what_if`, ``identity`` and ``straggler_metrics``."""
+        :func:`traceanalyzer.replay.what_if`, ``identity`` and ``straggler_metrics``: stitched from the
+        per-rank pieces saved in the store, built and saved by the first call (``replay.graph.pieces``)."""
         from .replay import build_graph
-        return build_graph(self.con, run=run)
+        return build_graph(self.path, run=run, con=self.con)
 
     def straggler_metrics(self, run: str | None = None) -> dict:
         """The OSDI'25 what-if metrics of ``run``: T, T_ideal, S, waste, S_w per rank, S_t per op type."""

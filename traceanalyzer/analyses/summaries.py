@@ -38,7 +38,7 @@ from ..store import writers
 from . import modules as M
 
 #: bump when the layout of the saved summaries changes (part of the key)
-FORMAT = 2
+FORMAT = 3  # 3: _imbalance_ops_rank saved (imbalance_ops' per-rank part)
 #: the events Parquet one map task reads at most (bytes; a larger rank is a task of its own)
 MAP_TASK_EVENTS_BYTES = 16 << 20
 #: ranks per map task where the events' sizes are not known (a store on object storage)
@@ -137,24 +137,25 @@ def _write(con, view: str, path: Path) -> list[list[str]]:
     into DOUBLE, is stored as DECIMAL(38,0) and cast back when read: no value changes)."""
     types = _types(con, view)
     cols = ", ".join(f'CAST("{c}" AS DECIMAL(38,0)) AS "{c}"' if t == "HUGEINT" else f'"{c}"' for c, t in types)
-    con.execute(f"COPY (SELECT {cols} FROM {view}) TO '{_quote(str(path))}' (FORMAT parquet, COMPRESSION zstd)")
+    con.execute(f"COPY (SELECT {cols} FROM {view}) TO '{sql_quote(str(path))}' (FORMAT parquet, COMPRESSION zstd)")
     return types
 
 
-def _quote(s: str) -> str:
+def sql_quote(s: str) -> str:
+    """``s`` inside a SQL string literal (a path, a run name): its single quotes doubled."""
     return s.replace("'", "''")
 
 
 def select(paths: list[str], types: list[list[str]]) -> str:
     """SQL reading the union of ``paths`` with the columns and types a view had."""
     cols = ", ".join(f'CAST("{c}" AS {t}) AS "{c}"' for c, t in types)
-    files = "[" + ", ".join(f"'{_quote(p)}'" for p in paths) + "]"
+    files = "[" + ", ".join(f"'{sql_quote(p)}'" for p in paths) + "]"
     return f"SELECT {cols} FROM read_parquet({files}, hive_partitioning = false)"
 
 
 # -- the tasks ------------------------------------------------------------------------------------
 
-def _open(store: str, run: str, ranks: list[int] | None = None):
+def open_run(store: str, run: str, ranks: list[int] | None = None):
     """A store connection over run ``run``'s files (those of ``ranks`` when given)."""
     keep = None if ranks is None else set(ranks)
     return st.open_store(store, select=lambda t: t.get("run") == run and (keep is None or t.get("rank") in keep))
@@ -193,7 +194,7 @@ def align_task(store: str, run: str, params: dict, out: str) -> dict:
     """Compute the run's ``align`` views; returns {view: (path, types)}. Runs in the driver and reads
     every rank's ``comms``: its memory is capped like the reduce's (:func:`limit_memory`)."""
     from . import prepare
-    con = _open(store, run)
+    con = open_run(store, run)
     Path(out).mkdir(parents=True, exist_ok=True)
     try:
         views = M.scoped("align")
@@ -209,11 +210,11 @@ def map_task(store: str, run: str, ranks: list[int], params: dict, align: dict, 
     run's ``align`` views; returns {view: (path, types)}. Runs in a worker: its memory is that of the
     chunk's ranks."""
     from . import prepare
-    con = _open(store, run, ranks)
+    con = open_run(store, run, ranks)
     try:
         prepare(con, modules=[], **params)
         for view, (path, types) in align.items():
-            M.provide(con, view, select([path], types) + f" WHERE run = '{_quote(run)}'")
+            M.provide(con, view, select([path], types) + f" WHERE run = '{sql_quote(run)}'")
         M.bind(con, M.modules_for(views), scopes=("rank",))  # the modules' cross-rank views: the reduce's
         folder = Path(out) / f"rank={chunk_label(ranks)}"
         folder.mkdir(parents=True, exist_ok=True)
@@ -284,7 +285,9 @@ def forget(store, runs: list[str] | None = None) -> None:
     writers.update(st.location(store), drop)  # their files are retired: a reader may still hold them
 
 
-def _place(loc, path: str, rel_dir: str, part: str) -> str:
+def place_file(loc, path: str, rel_dir: str, part: str) -> str:
+    """Move (local store) or upload (remote) staged file ``path`` to ``rel_dir/part-<part>...parquet``
+    of store ``loc``; returns its name relative to the store, for the manifest."""
     if isinstance(loc, Path):
         rel = f"{rel_dir}/part-{part}.parquet"
         (loc / rel).parent.mkdir(parents=True, exist_ok=True)
@@ -299,12 +302,12 @@ def _entry(loc, run: str, run_key: str, align: dict, per_rank: dict, part: str) 
     files: dict[str, list[str]] = {}
     types: dict[str, list] = {}
     for view, (path, t) in align.items():
-        files[view] = [_place(loc, path, f"{FOLDER}/{view}/run={run}/rank=all", part)]
+        files[view] = [place_file(loc, path, f"{FOLDER}/{view}/run={run}/rank=all", part)]
         types[view] = t
     for first in sorted(per_rank):
         label, views = per_rank[first]
         for view, (path, t) in views.items():
-            files.setdefault(view, []).append(_place(loc, path, f"{FOLDER}/{view}/run={run}/rank={label}", part))
+            files.setdefault(view, []).append(place_file(loc, path, f"{FOLDER}/{view}/run={run}/rank={label}", part))
             types[view] = t
     return {"key": run_key, "format": FORMAT, "types": types, "files": files}
 
@@ -361,7 +364,7 @@ def limit_memory(con, store, memory_bytes: int | None = None):
         return None
     import weakref
     folder = Path(writers.new_work_folder(st.location(store))).resolve()
-    con.execute(f"SET temp_directory = '{_quote(str(folder))}'")
+    con.execute(f"SET temp_directory = '{sql_quote(str(folder))}'")
     con.execute(f"SET memory_limit = '{int(memory_bytes)}B'")
     weakref.finalize(con, shutil.rmtree, str(folder), True)
     return folder

@@ -179,8 +179,11 @@ def trace_by_name(f: Path) -> bool:
              and not is_fr_name(f)) or is_nsys_export(f))
 
 
-def _parse_one(path: str, rank_arg: int | None, staging: str, opts: dict | None = None) -> tuple:
-    """Worker: parse one file and stage its tables. Returns ("ok", TraceSummary) or ("error", path, problem)."""
+def _parse_one(path: str, rank_arg: int | None, staging: str, opts: dict | None = None,
+               manifests: dict | None = None) -> tuple:
+    """Worker: parse one file and stage its tables. Returns ("ok", TraceSummary) or ("error", path, problem).
+    ``manifests``: what the driver read of the rank manifests beside it (``sidecars.manifests_for``;
+    None: read them here)."""
     from .consistency import collector_run_id, job_of
     from .nsys import load as load_nsys
     from .nsys import looks_like_sqlite
@@ -198,9 +201,10 @@ def _parse_one(path: str, rank_arg: int | None, staging: str, opts: dict | None 
         if opts.get("format") == "op-timeline" or is_op_timeline(path, opts.get("column_map")):  # every rank in one file
             return ("ok", stage_op_timeline(path, load_op_timeline(path, opts.get("column_map")), staging))
         built, shapes_on, _, _ = build_trace(path, rank_arg)
-        check_rank_manifest(path, built.rank, built.rank_source)
+        manifests = {} if manifests is None else manifests
+        check_rank_manifest(path, built.rank, built.rank_source, manifests)
         summary = _stage(path, built, staging, shapes_on)
-        summary.job = dict(job_of(built.tables), run_id=collector_run_id(path))
+        summary.job = dict(job_of(built.tables), run_id=collector_run_id(path, manifests))
         return ("ok", summary)
     except TraceInputError as exc:
         return ("error", exc.path, exc.problem)
@@ -291,19 +295,22 @@ def ingest(paths, store, run: str | None = None, rank: int | None = None, worker
     store = st.location(store)  # a folder, or a URL (s3://...: staged here, uploaded at the commit)
     created = _first_missing(store) if isinstance(store, Path) else None  # the top folder this ingest creates
     st.check_writable(store)
+    rank_manifests: dict = {}  # each folder's rank manifests, read once by this ingest (sidecars.rank_manifests)
     with st.locked(store), _removed_on_failure(created):
         manifest = st.read_manifest(store)
         staging = st.new_staging(store)
         try:
-            side_done, already = sidecars.parse_all(side, rank, staging, manifest, run)  # small: first, fail fast
-            summaries = _parse_all(files, rank, staging, workers, progress, opts, dask) if files else []
+            side_done, already = sidecars.parse_all(side, rank, staging, manifest, run,  # small: first, fail fast
+                                                    manifests=rank_manifests)
+            summaries = _parse_all(files, rank, staging, workers, progress, opts, dask,
+                                   rank_manifests) if files else []
             p2p_groups.resolve(summaries)  # gloo p2p on subgroups (PP x DP): needs every rank
             coll_groups.resolve(summaries)  # gloo collectives whose group no runloop thread told
             beside = [sidecars.Sidecar("flight_recorder", p, s.rank) for s in summaries
                       if (p := sidecar_path(s.path, s.rank)) is not None]  # FR dumps beside traces named one by one
             beside += sidecars.cpu_sched_beside(summaries)  # and their rank's CPU wait samples
             more, already_too = sidecars.parse_all(beside, rank, staging, manifest, run,
-                                                   skip={(x.kind, x.path) for x in side_done})
+                                                   skip={(x.kind, x.path) for x in side_done}, manifests=rank_manifests)
             side_done, already = side_done + more, already + already_too
             sidecars.check_unique(side_done, manifest, run)
             consistency.check_run(store, manifest, run, summaries)  # one job per run, one process per rank
@@ -344,12 +351,16 @@ _PRELOAD = ["traceanalyzer.ingest.batch", "traceanalyzer.ingest.comms", "tracean
 
 
 def _parse_all(files: list[Path], rank: int | None, staging: Path, workers: int | None, progress: bool,
-               opts: dict | None = None, dask=None) -> list[TraceSummary]:
+               opts: dict | None = None, dask=None, manifests: dict | None = None) -> list[TraceSummary]:
     """Stage the collector's pre-built parts (:mod:`.prebuilt`), then parse every other file, one
-    task each, on the executor ``dask`` names (:mod:`.executor`); stop at the first error and raise it."""
+    task each, on the executor ``dask`` names (:mod:`.executor`); stop at the first error and raise it.
+    The rank manifests beside the files are read here, each folder once (``manifests``: the
+    ingest's cache), and each task gets its own trace's part of them."""
     from .executor import open_executor
     from .prebuilt import stage_prebuilt
-    prebuilt, files, notes = stage_prebuilt(files, str(staging))  # the collector's parts: validate, stage
+    from .sidecars import manifests_for
+    manifests = {} if manifests is None else manifests
+    prebuilt, files, notes = stage_prebuilt(files, str(staging), manifests)  # the collector's parts: validate, stage
     bar = _Progress(len(files), enabled=progress)
     results = []
     n_workers = max(1, min(workers or os.cpu_count() or 1, len(files)))
@@ -358,7 +369,10 @@ def _parse_all(files: list[Path], rank: int | None, staging: Path, workers: int 
     # a cluster's workers have another working directory: they get absolute paths
     paths = [str(f) if dask is None else str(Path(f).absolute()) for f in files]
     where = str(staging) if dask is None else str(Path(staging).absolute())
-    calls = [(p, rank, where, opts) for p in paths]
+    # the task's own manifests, under its folder as the task names it (a cluster's: absolute)
+    mine = [{Path(p).parent: docs for docs in part.values()}
+            for p, part in zip(paths, manifests_for([str(f) for f in files], manifests))]
+    calls = [(p, rank, where, opts, m) for p, m in zip(paths, mine)]
     if files:  # every file pre-built: no executor (nor cluster) to start
         with open_executor(dask, n_workers, len(files), _PRELOAD, _worker_init) as ex, \
                 closing(ex.map_unordered(_parse_one, calls, [f"parse-{f.name}" for f in files])) as outcomes:

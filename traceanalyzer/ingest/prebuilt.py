@@ -252,10 +252,12 @@ def stage(trace_path: Path, doc: dict, folder: Path, staging: str, manifests: di
     return summary
 
 
-def stage_prebuilt(files: list[Path], staging: str) -> tuple[list, list[Path], dict[str, str]]:
+def stage_prebuilt(files: list[Path], staging: str, manifests: dict | None = None) -> tuple[list, list[Path], dict[str, str]]:
     """Split ``files`` into staged summaries of valid parts and files still to parse; returns
-    (summaries, to parse, {path: warning line}) for parts that could not be used."""
-    done, rest, notes, manifests = [], [], {}, {}   # manifests: each folder's rank manifests, read once
+    (summaries, to parse, {path: warning line}) for parts that could not be used. ``manifests``:
+    each folder's rank manifests, read once (the ingest's cache, ``sidecars.rank_manifests``)."""
+    done, rest, notes = [], [], {}
+    manifests = {} if manifests is None else manifests
     for f in files:
         f = Path(f)
         got = check(f)

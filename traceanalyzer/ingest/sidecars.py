@@ -150,14 +150,15 @@ def _head(path: Path) -> str:
     return data.decode("utf-8", errors="replace")
 
 
-def parse(sc: Sidecar, rank_arg: int | None, staging: Path) -> SidecarSummary:
-    """Parse one input and stage its tables (parquet files under ``staging``)."""
+def parse(sc: Sidecar, rank_arg: int | None, staging: Path, manifests: dict | None = None) -> SidecarSummary:
+    """Parse one input and stage its tables (parquet files under ``staging``; ``manifests``: the
+    rank manifests read so far, :func:`rank_manifests`)."""
     from .nccl.logs import read_nccl_log
     from .nccl.plugins import read_inspector, read_profiler_dump
     if sc.kind == "flight_recorder":
         from .flight_recorder import fr_tables, read_fr_dump
         dump = read_fr_dump(sc.path)
-        rank, source = (sc.rank, "trace") if sc.rank is not None else fr_rank(sc.path, rank_arg)
+        rank, source = (sc.rank, "trace") if sc.rank is not None else fr_rank(sc.path, rank_arg, manifests)
         if rank is None:
             raise TraceInputError(sc.path, "cannot tell the rank of this Flight Recorder dump: no rank{R}.manifest.json "
                                            "lists it and its name has no number; pass --rank")
@@ -192,17 +193,18 @@ def cpu_sched_beside(summaries) -> list[Sidecar]:
     return [Sidecar("cpu_sched", m) for m in sorted(found) if m.is_file()]
 
 
-def fr_rank(path: Path, rank_arg: int | None = None) -> tuple[int | None, str | None]:
+def fr_rank(path: Path, rank_arg: int | None = None, manifests: dict | None = None) -> tuple[int | None, str | None]:
     """A Flight Recorder dump's rank: its dump holds none, so the collector's manifest beside it,
     then ``--rank``, then the number in its name (``rank{R}.fr.json``, ``fr_rank_{R}``, ...)."""
     from .sniff import rank_of
-    return rank_of(path, None, rank_arg, "flight_recorder")
+    return rank_of(path, None, rank_arg, "flight_recorder", manifests)
 
 
 def parse_all(side: list[Sidecar], rank_arg: int | None, staging: Path, manifest: st.Manifest,
-              run: str, skip=frozenset()) -> tuple[list[SidecarSummary], int]:
+              run: str, skip=frozenset(), manifests: dict | None = None) -> tuple[list[SidecarSummary], int]:
     """Parse the inputs not yet in the store (nor in ``skip``: (kind, resolved path) pairs already
-    parsed); returns (summaries, inputs skipped as already in the store)."""
+    parsed); returns (summaries, inputs skipped as already in the store). ``manifests``: the
+    ingest's rank manifests, each folder read once (:func:`rank_manifests`)."""
     have = {(s["run"], s["kind"], s["source_file"]) for s in manifest.sidecars}
     seen, out, already = set(skip), [], 0
     for sc in side:
@@ -214,7 +216,7 @@ def parse_all(side: list[Sidecar], rank_arg: int | None, staging: Path, manifest
             already += 1
             continue
         try:
-            out.append(parse(sc, rank_arg, staging))
+            out.append(parse(sc, rank_arg, staging, manifests))
         except RecursionError:  # deep JSON/pickle anywhere in it (frames, sizes): one line, not a traceback
             from .kineto.reader import TOO_DEEP
             raise TraceInputError(sc.path, TOO_DEEP) from None
@@ -264,15 +266,60 @@ def rank_manifests(folder: Path, cache: dict | None = None) -> list[tuple[Path, 
     with ``cache`` (a dict the caller keeps for one ingest) each folder is read once, not once a trace."""
     if cache is not None and folder in cache:
         return cache[folder]
-    out = []
-    for m in sorted(folder.glob("rank*.manifest.json")):
-        try:
-            out.append((m, json.loads(m.read_text())))
-        except (OSError, ValueError):
-            out.append((m, None))
+    out = [(m, _checked_part(read_rank_manifest(m))) for m in sorted(folder.glob("rank*.manifest.json"))]
     if cache is not None:
         cache[folder] = out
     return out
+
+
+def read_rank_manifest(path: Path):
+    """One rank manifest's JSON; None when unreadable (:func:`check_rank_manifest` refuses it)."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+#: the fields of a rank manifest the ingest's checks read (its rank, run id and files)
+_CHECKED = ("rank", "run_id", "files")
+
+
+def _checked_part(doc):
+    """What the checks read of a manifest (a dict whose ``files`` is a dict: its :data:`_CHECKED`
+    fields, the same values and missing keys; anything else as it is, for the check to refuse): the
+    rest (the process groups list every rank: N ints a manifest) is not held N times by the driver."""
+    if isinstance(doc, dict) and isinstance(doc.get("files"), dict):
+        return {k: doc[k] for k in _CHECKED if k in doc}
+    return doc
+
+
+def manifests_for(paths: list[str], cache: dict) -> list[dict]:
+    """Per trace of ``paths``, the part of its folder's rank manifests that its checks read
+    (:func:`check_rank_manifest`, ``consistency.collector_run_id``), as the ``cache`` they take:
+    ``{folder: [(path, JSON)]}`` with the manifests that list the trace or are named after its rank,
+    and the malformed ones (which refuse every trace of the folder). The driver reads each folder
+    once (``cache``) and hands each parse task its own small part, not every rank's manifest: a task
+    that read the folder itself made N x N reads for N ranks (~3 GB of JSON at 1,024 ranks)."""
+    from .nccl.logs import rank_from_name
+    out = []
+    for p in paths:
+        trace_path = Path(p)
+        named = rank_from_name(trace_path)
+        mine = [(m, doc) for m, doc in rank_manifests(trace_path.parent, cache)
+                if _concerns(m, doc, trace_path.name, named)]
+        out.append({trace_path.parent: mine})
+    return out
+
+
+def _concerns(m: Path, doc, name: str, named: int | None) -> bool:
+    """Does manifest ``m`` matter to the checks of trace ``name`` (``named``: the rank its name
+    says)? Yes when it lists the trace, or lists none and is named after that rank, or is malformed."""
+    try:
+        int(doc["rank"])
+        listed = doc.get("files", {}).get("traces") or []
+        return name in listed or (not listed and m.name == f"rank{named}.manifest.json")
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return True
 
 
 def check_rank_manifest(trace_path: str | Path, rank: int, rank_source: str, cache: dict | None = None) -> None:

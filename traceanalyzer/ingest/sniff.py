@@ -10,7 +10,6 @@ collector's ``rank{R}.manifest.json`` beside it, then ``--rank``, then a number 
 """
 from __future__ import annotations
 
-import json
 import re
 import zlib
 from pathlib import Path
@@ -154,14 +153,15 @@ def kind_by_name(path: Path) -> str | None:
 
 
 def rank_of(path: str | Path, content_rank: int | None = None, rank_arg: int | None = None,
-            kind_key: str | None = None) -> tuple[int | None, str | None]:
+            kind_key: str | None = None, cache: dict | None = None) -> tuple[int | None, str | None]:
     """(rank, source): the content's rank, then a ``rank{R}.manifest.json`` beside the file that
     lists it (under ``files.<kind_key>`` or ``files.traces``), then ``--rank``, then a number in
-    the file name (``rank{R}``/``rank_{R}`` first, else the last number). (None, None) if none."""
+    the file name (``rank{R}``/``rank_{R}`` first, else the last number). (None, None) if none.
+    ``cache``: each folder's manifests read once (:func:`.sidecars.rank_manifests`)."""
     path = Path(path)
     if content_rank is not None:
         return content_rank, "content"
-    r = _manifest_rank(path, kind_key)
+    r = _manifest_rank(path, kind_key, cache)
     if r is not None:
         return r, "manifest"
     if rank_arg is not None:
@@ -175,10 +175,10 @@ def rank_of(path: str | Path, content_rank: int | None = None, rank_arg: int | N
     return (r, "file_name") if r is not None else (None, None)
 
 
-def _manifest_rank(path: Path, kind_key: str | None) -> int | None:
-    for m in sorted(path.parent.glob("rank*.manifest.json")):
+def _manifest_rank(path: Path, kind_key: str | None, cache: dict | None = None) -> int | None:
+    from .sidecars import rank_manifests
+    for _, doc in rank_manifests(path.parent, cache):
         try:
-            doc = json.loads(m.read_text())
             files = doc.get("files") or {}
             listed = files.get(kind_key) if kind_key else None
             listed = [listed] if isinstance(listed, str) else list(listed or [])

@@ -62,9 +62,11 @@ def _breakdown(res) -> pd.DataFrame:
 
 
 def run(store_or_con, plan, run: str | None = None, straggler_metrics: bool = False,
-        chrome_trace: str | os.PathLike | None = None) -> ReplayRun:
+        chrome_trace: str | os.PathLike | None = None, con=None) -> ReplayRun:
     """Replay ``run`` of a store (path or connection) under ``plan`` (dict, JSON text, or a plan
-    file: a bad plan fails before any work, an error the plan causes names the file)."""
+    file: a bad plan fails before any work, an error the plan causes names the file). ``con``: a
+    connection over the store (path) already open, used instead of a new one (a Session's); the
+    graph of a store is stitched from its saved per-rank pieces (``build_graph``)."""
     from . import straggler_metrics as _straggler
     from . import what_if
     from .chrome import timeline_chrome, write_chrome_trace
@@ -77,10 +79,10 @@ def run(store_or_con, plan, run: str | None = None, straggler_metrics: bool = Fa
     g = sim = None
     if structural:
         from . import run_plan
-        res = run_plan(store_or_con, plan, run=run)
+        res = run_plan(store_or_con if con is None else con, plan, run=run)
         run = res.run
     else:
-        g = build_graph(store_or_con, run=run)
+        g = build_graph(store_or_con, run=run, con=con)
         sim = Simulator(g)
         try:
             res = what_if(g, plan, sim=sim)

@@ -343,6 +343,9 @@ def open_store(store: str | os.PathLike, read_only_db: str | None = None, select
                             manifest.extra, [t for t in manifest.sidecars if select(t)])
     manifest = healthy(store, manifest)  # a damaged run is left out (one warning line)
     con = duckdb.connect(read_only_db or ":memory:")
+    # DuckDB draws a progress bar on stdout for queries over ~2 s: it would land in front of
+    # `analyze --json > file`. A setting of this connection alone (scope LOCAL), nothing global.
+    con.execute("SET enable_progress_bar = false")
     if isinstance(store, Path) and _listed_bytes(store, manifest) <= ONE_THREAD_MAX_BYTES:
         con.execute("SET threads = 1")  # this connection's own database: nothing global changes
     where = _readable(store, manifest, con)

@@ -101,16 +101,21 @@ SELECT *, coalesce(greatest(sent_over_mean, recv_over_mean) >= getvariable('rout
        row_number() OVER (PARTITION BY run ORDER BY greatest(sent_over_mean, recv_over_mean) DESC NULLS LAST, rank) AS rank_order
 FROM r;
 
+-- imbalance_ops' per-rank part, made in the map (summaries.py): each rank's time per step and op
+-- name, so that the reduce combines these rows, not every rank's intervals.
+-- Columns: run, step, category, name, rank, ns.
+-- scope: rank
+CREATE OR REPLACE TEMP VIEW _imbalance_ops_rank AS
+SELECT run, step, category, name, rank, sum(hi_ns - lo_ns) AS ns
+FROM activity_intervals WHERE step IS NOT NULL GROUP BY ALL;
+
 -- Imbalance per op type: for each kernel (GPU) or CPU operator name, its time per rank and step,
 -- and how unevenly the ranks spend it (median over steps). Shows *which* work is unbalanced.
 -- Columns: run, category, name, n_ranks, mean_ns_per_step (mean over ranks), max_ns_per_step,
 -- max_rank (rank with the most, most often), max_over_mean, excess_ns_per_step (max - mean),
 -- rank_order (1 = largest excess).
 CREATE OR REPLACE TEMP VIEW imbalance_ops AS
-WITH per_rank AS (
-    SELECT run, step, category, name, rank, sum(hi_ns - lo_ns) AS ns
-    FROM activity_intervals WHERE step IS NOT NULL GROUP BY ALL
-),
+WITH per_rank AS (SELECT * FROM _imbalance_ops_rank),
 ranks_per_run AS (SELECT run, count(DISTINCT rank) AS n FROM per_rank GROUP BY run),
 per_step AS (
     SELECT p.run, p.step, p.category, p.name, sum(p.ns) / any_value(r.n) AS mean_ns, max(p.ns) AS max_ns,

@@ -52,12 +52,16 @@ seg AS (SELECT * FROM _interval_islands(comm))  -- consecutive segments joined (
 SELECT run, rank, window_id, step, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns, sum(dur_ns) AS exposed_ns
 FROM seg GROUP BY run, rank, window_id, step, island;
 
--- Exposed communication intervals, all of them.
--- Columns: run, rank, window_id, step, lo_ns, hi_ns, exposed_ns, rank_order (per run, largest first).
-CREATE OR REPLACE TEMP VIEW exposed_intervals AS
-SELECT run, rank, window_id, step, lo_ns, hi_ns, exposed_ns,
-       row_number() OVER (PARTITION BY run ORDER BY exposed_ns DESC, rank, lo_ns) AS rank_order
-FROM _exposed_islands;
+-- The largest exposed intervals of each rank, exposed_top of them (per rank, largest first): the run's
+-- largest (exposed_comm) are among them, since an interval of the run's top exposed_top has fewer than
+-- exposed_top larger ones on its own rank. So the reduce ranks exposed_top rows a rank, never every
+-- exposed interval of the run (exposed_intervals, exposed.sql, lists them all when asked).
+-- Columns: those of _exposed_islands.
+-- scope: rank
+CREATE OR REPLACE TEMP VIEW _exposed_top AS
+SELECT * FROM _exposed_islands
+QUALIFY row_number() OVER (PARTITION BY run, rank ORDER BY exposed_ns DESC, lo_ns, window_id, step)
+        <= getvariable('exposed_top');
 
 -- The largest exposed intervals (exposed_top per run, default 20), attributed: the collective that
 -- covers most of each, and the compute just before and after it. Attribution is a range join, so
@@ -65,8 +69,10 @@ FROM _exposed_islands;
 -- Columns: run, rank, window_id, step, lo_ns, hi_ns, exposed_ns, op, pg, seq, bytes, comm_name,
 -- compute_before, compute_after, rank_order.
 CREATE OR REPLACE TEMP VIEW exposed_comm AS
-WITH intervals AS (
-    SELECT * FROM exposed_intervals WHERE rank_order <= getvariable('exposed_top')
+WITH intervals AS (  -- exposed_intervals' rank_order, the same for these (every larger one is a candidate too)
+    SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY run ORDER BY exposed_ns DESC, rank, lo_ns) AS rank_order
+                   FROM _exposed_top)
+    WHERE rank_order <= getvariable('exposed_top')
 ),
 covering AS (
     SELECT i.run, i.rank, i.window_id, i.step, i.lo_ns,

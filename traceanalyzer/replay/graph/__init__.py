@@ -36,7 +36,6 @@ and the named thresholds.
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -71,16 +70,17 @@ __all__ = ["ARRIVE", "GAP", "KERNEL", "KIND_NAMES", "NO_REL", "OP", "PIPELINE_VI
            "Graph", "build_graph", "merge_intervals"]
 
 
-def build_graph(store_or_con, run: str | None = None, dask=None, n_workers: int = 1) -> Graph:
-    """Build the replay graph of one run from a store (all ranks). Given a local store's path, the
-    graph is stitched from per-rank pieces (pieces.py), read from the store when saved there by an
-    earlier build of the same data and code, else built per chunk of ranks (on the executor:
-    ``dask`` / ``n_workers`` as ``analyze`` takes them) and saved; given a connection (or an object
-    store), it is built over the whole run's events on that one connection."""
+def build_graph(store_or_con, run: str | None = None, dask=None, n_workers: int = 1, con=None) -> Graph:
+    """Build the replay graph of one run from a store (all ranks). Given a store (a folder or an
+    object store's URL), the graph is stitched from per-rank pieces (pieces.py), read from the store
+    when saved there by an earlier build of the same data and code, else built per chunk of ranks
+    (on the executor: ``dask`` / ``n_workers`` as ``analyze`` takes them) and saved; ``con``, a
+    connection over that store already open (a Session's), is used for the run-wide tables instead
+    of a new one. Given a connection instead of a store, the graph is built over the whole run's
+    events on that one connection (the same graph)."""
     from ...analyses import bind_views, connect
-    from ...store import files as st
-    con = connect(store_or_con)
-    use_pieces = not hasattr(store_or_con, "execute") and isinstance(st.location(store_or_con), Path)
+    use_pieces = not hasattr(store_or_con, "execute")
+    con = connect(store_or_con) if con is None else con
     # the graph needs the clock offsets (clock_offsets.sql) and, for a pipeline, its stages. Binding
     # every analysis view costs seconds on a big store, so a pipeline binds only PIPELINE_VIEWS, and a
     # connection that has them is used as it is

@@ -11,8 +11,9 @@ process, on every ``report`` with replay. Here:
    wait edges and its CPU-lane POST ranges and steps, numbered locally -- the same SQL as the
    one-connection build (load.py, lanes.py, edges.py) on a connection over the chunk's files only;
    instance ``i``'s SYNC node is numbered ``SYNC_BASE + i``;
-3. **commit**: the pieces go to ``STORE/_summaries/replay_graph/<table>/run=R/rank=K[-L]/`` and are
-   listed in the manifest under ``replay_graph`` with a key (FORMAT, the package version, the source
+3. **commit**: the pieces go to ``STORE/_summaries/replay_graph/<table>/run=R/rank=K[-L]/`` (an
+   object store's uploaded first, under new names) and are listed in the manifest under
+   ``replay_graph`` with a key (FORMAT, the package version, the source
    of the graph modules, the run's files, the applied clock offsets): a run re-ingested, other
    offsets or other code make the next build compute them again, never use them;
 4. **stitch** (driver): the pieces renumbered (CPU nodes of every chunk, then queue nodes, then one
@@ -29,6 +30,8 @@ import json
 import shutil
 import tempfile
 import time
+import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -88,13 +91,13 @@ def offsets(s: Scratch) -> list:
 def map_task(store: str, run: str, ranks: list[int], params: dict, comm_dir: str, out: str) -> dict:
     """Build the piece of ``ranks`` (consecutive) from their own files and the run's communication
     (``comm_dir``: off.parquet, cm.parquet); returns {"files": {table: path}, "counts": {...}}."""
-    from ...analyses.summaries import _open, _quote, chunk_label
-    con = _open(store, run, ranks)
+    from ...analyses.summaries import chunk_label, open_run, sql_quote
+    con = open_run(store, run, ranks)
     s = Scratch(con, dict(params))
     mine = ", ".join(str(int(r)) for r in ranks)
     try:
-        s.make("off", f"SELECT * FROM read_parquet('{_quote(comm_dir)}/off.parquet')")
-        s.make("cm", f"SELECT * FROM read_parquet('{_quote(comm_dir)}/cm.parquet') WHERE rank IN ({mine})")
+        s.make("off", f"SELECT * FROM read_parquet('{sql_quote(comm_dir)}/off.parquet')")
+        s.make("cm", f"SELECT * FROM read_parquet('{sql_quote(comm_dir)}/cm.parquet') WHERE rank IN ({mine})")
         load_ranks(s)
         make_lanes(s, sync_base=SYNC_BASE)
         edges, waits, posts = make_edges(s)
@@ -204,24 +207,52 @@ def _read(path, dictionary: bool = False):
 # -- the driver -----------------------------------------------------------------------------------
 
 def saved(loc, manifest, run: str, run_key: str) -> dict | None:
-    """The run's saved pieces when they are current (same key) and whole, else None."""
+    """The run's saved pieces when they are current (same key) and whole (a local store: their
+    footers; an object store: listed, one listing), else None."""
     from ...store.check import file_problem
     entry = manifest.extra.get(ENTRY, {}).get(run)
     if not entry or entry.get("key") != run_key or entry.get("format") != FORMAT:
         return None
-    if any(file_problem(loc / f) for c in entry["chunks"] for f in c["files"].values()):
+    rels = [f for c in entry["chunks"] for f in c["files"].values()]
+    if not isinstance(loc, Path):
+        from ...store.remote import problems
+        return None if problems(loc, rels) else entry
+    if any(file_problem(loc / f) for f in rels):
         return None
     return entry
+
+
+@contextmanager
+def _reader(loc, entry: dict):
+    """``read(rel, dictionary=False)`` of the saved pieces in ``entry``: the files of a local store;
+    an object store's downloaded first (``store.remote.readable``: a local copy, or read in place
+    through its file system when too big), the copies removed afterwards."""
+    if isinstance(loc, Path):
+        yield lambda rel, dictionary=False: _read(loc / rel, dictionary)
+        return
+    from ...store.remote import readable
+    where, folder = readable(loc, [f for c in entry["chunks"] for f in c["files"].values()])
+    try:
+        if folder is not None:
+            yield lambda rel, dictionary=False: _read(where[rel], dictionary)
+        else:
+            def read(rel, dictionary=False):
+                with loc.fs.open(where[rel], "rb") as fh:
+                    return _read(fh, dictionary)
+            yield read
+    finally:
+        if folder is not None:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def build(store, con, run: str, params: dict, dask=None, n_workers: int = 1, chunks: list[list[int]] | None = None,
           save: bool = True, stages=None):
     """The run's Graph from its saved pieces, or from pieces built now (and saved, with ``save``),
-    of a local store (``store``; an object store keeps the one-connection build). ``con`` is a
-    store connection with clock_offsets / clock_alignment bound; ``chunks`` the ranks of each map
+    of ``store`` (a folder, or an object store's URL: the pieces uploaded like the per-rank
+    summaries). ``con`` is a store connection with clock_offsets / clock_alignment bound; ``chunks`` the ranks of each map
     task (default: ``analyses.summaries.rank_chunks``); ``stages()`` the run's pipeline stages,
     saved with the pieces (the first chunk's ``stages`` file; without it the graph's are None)."""
-    from ...analyses.summaries import _place, chunk_label, rank_chunks
+    from ...analyses.summaries import chunk_label, place_file, rank_chunks
     from ...errors import TraceAnalyzerError
     from ...ingest.executor import open_executor
     loc = st.location(store)
@@ -234,12 +265,13 @@ def build(store, con, run: str, params: dict, dask=None, n_workers: int = 1, chu
         t_comm = time.perf_counter() - t0
         if entry is not None:
             warm_up(sum(c["counts"]["nodes"] for c in entry["chunks"]))
-            g = stitch(run, entry["chunks"], lambda rel, dictionary=False: _read(loc / rel, dictionary), s)
-            rel = entry["chunks"][0]["files"].get("stages") if entry["chunks"] else None
-            g.stages = pq.read_table(loc / rel).to_pandas() if rel else None
+            with _reader(loc, entry) as read:
+                g = stitch(run, entry["chunks"], read, s)
+                rel = entry["chunks"][0]["files"].get("stages") if entry["chunks"] else None
+                g.stages = read(rel).to_pandas() if rel else None
             g.stats.update(pieces="read", load_s=t_comm, build_s=time.perf_counter() - t0 - t_comm)
             return g
-        where = str(loc.resolve())
+        where = str(loc.resolve()) if isinstance(loc, Path) else str(loc)  # a cluster's workers: absolute paths
         try:
             staging = Path(writers.new_work_folder(loc)).resolve()
         except OSError:  # a store this process may not write: built in a folder of its own, not saved
@@ -270,7 +302,7 @@ def build(store, con, run: str, params: dict, dask=None, n_workers: int = 1, chu
                 pq.write_table(pa.Table.from_pandas(g.stages, preserve_index=False), done[0]["files"]["stages"])
             if save:
                 try:
-                    _commit(loc, run, run_key, done, _place, chunk_label)
+                    _commit(loc, run, run_key, done, place_file, chunk_label)
                 except (StoreError, OSError):  # busy or read-only: the graph stands, the next build makes it again
                     g.stats["pieces"] = "built, not saved"
         finally:
@@ -281,7 +313,9 @@ def build(store, con, run: str, params: dict, dask=None, n_workers: int = 1, chu
 
 
 def _commit(loc, run: str, run_key: str, done: list[dict], place, chunk_label) -> None:
-    """List the run's pieces (moved into place, under the lock) under ENTRY in one manifest commit."""
+    """List the run's pieces under ENTRY in one manifest commit: moved into place under the lock (a
+    local store), or uploaded first under new names (an object store: no lock, and the commit may be
+    done again on a newer manifest), as ``analyses.summaries`` does with its files."""
     def entry(part: str) -> dict:
         chunks = []
         for c in done:
@@ -291,10 +325,12 @@ def _commit(loc, run: str, run_key: str, done: list[dict], place, chunk_label) -
             chunks.append({"ranks": [c["ranks"][0], c["ranks"][-1]], "files": files, "counts": c["counts"]})
         return {"key": run_key, "format": FORMAT, "chunks": chunks}
 
+    uploaded = None if isinstance(loc, Path) else entry(uuid.uuid4().hex[:8])
+
     def change(manifest):
         if saved(loc, manifest, run, run_key) is not None:
-            return  # another build was first with the same pieces
-        manifest.extra.setdefault(ENTRY, {})[run] = entry(str(manifest.generation))
+            return  # another build was first with the same pieces (an upload of this one is garbage)
+        manifest.extra.setdefault(ENTRY, {})[run] = uploaded or entry(str(manifest.generation))
     writers.update(loc, change)
 
 

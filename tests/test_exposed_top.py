@@ -1,0 +1,83 @@
+"""Issue 17: exposed_comm ranks each rank's exposed_top largest exposed intervals (overlap.sql's
+``_exposed_top``, computed in the map) instead of every exposed interval of the run (the ranking
+``exposed_intervals`` makes, now in exposed.sql and bound only when asked for). Same rows, to the bit,
+as the SQL it replaced, on random intervals: sizes tied across ranks, several runs, ranks, windows,
+NULL steps, exposed_top from 1 to more than a rank has; and ``exposed_intervals`` is still every one.
+"""
+from __future__ import annotations
+
+import random
+
+import duckdb
+import pytest
+
+from traceanalyzer.analyses import modules as M
+
+#: exposed_comm's intervals before issue 17's change: every exposed interval of the run ranked
+OLD_INTERVALS = """WITH intervals AS (
+    SELECT * FROM exposed_intervals WHERE rank_order <= getvariable('exposed_top')
+),"""
+
+
+def _statement(con, module: str, view: str) -> str:
+    for statement in con.extract_statements(M.modules()[module].text):
+        m = M._VIEW_RE.match(statement.query)
+        if m and m.group(1) == view:
+            return statement.query
+    raise KeyError(view)
+
+
+def _data(con, rnd: random.Random) -> None:
+    islands, intervals = [], []
+    for run in ("a", "b"):
+        for rank in range(rnd.randrange(1, 6)):
+            for window in range(rnd.randrange(1, 3)):
+                los = rnd.sample(range(0, 400, 4), rnd.randrange(0, 12))  # distinct starts on a rank
+                for lo in los:
+                    ns = rnd.choice([1, 2, 3, rnd.randrange(1, 4)])  # sizes tied across ranks
+                    islands.append((run, rank, window, rnd.choice([None, 0, 1, 2]), lo, lo + ns, ns))
+                    for _ in range(rnd.randrange(0, 3)):
+                        a = lo + rnd.randrange(-3, 3)
+                        intervals.append((run, rank, window, rnd.choice(["comm", "compute"]), a, a + rnd.randrange(1, 6),
+                                          rnd.choice(["x", "y", "z"]), rnd.randrange(0, 5)))
+    con.execute("CREATE TABLE _exposed_islands (run VARCHAR, rank INTEGER, window_id INTEGER, step INTEGER, "
+                "lo_ns BIGINT, hi_ns BIGINT, exposed_ns HUGEINT)")
+    if islands:
+        con.executemany("INSERT INTO _exposed_islands VALUES (?, ?, ?, ?, ?, ?, ?)", islands)
+    con.execute("CREATE TABLE activity_intervals (run VARCHAR, rank INTEGER, window_id INTEGER, category VARCHAR, "
+                "lo_ns BIGINT, hi_ns BIGINT, name VARCHAR, comm_id BIGINT)")
+    if intervals:
+        con.executemany("INSERT INTO activity_intervals VALUES (?, ?, ?, ?, ?, ?, ?, ?)", intervals)
+    con.execute("CREATE TABLE comms (run VARCHAR, rank INTEGER, window_id INTEGER, comm_id BIGINT, op VARCHAR, "
+                "pg_name VARCHAR, seq BIGINT, in_bytes BIGINT, out_bytes BIGINT, exec_name VARCHAR)")
+    con.execute("""INSERT INTO comms SELECT DISTINCT run, rank, window_id, comm_id, 'all_reduce', 'pg0', comm_id,
+                   CASE WHEN comm_id % 2 = 0 THEN 64 * comm_id END, 128, 'c' || comm_id
+                   FROM activity_intervals WHERE category = 'comm'""")
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_exposed_comm_same_rows_as_ranking_every_interval(seed):
+    rnd = random.Random(seed)
+    con = duckdb.connect()
+    con.execute("SET threads = 1")  # tiny tables: threads only cost here
+    _data(con, rnd)
+    con.execute("SET VARIABLE exposed_context_max_ns = 5")
+    for statement in ("_exposed_top", "exposed_comm"):
+        con.execute(M._AS_TABLE_RE.sub(r"CREATE OR REPLACE TEMP VIEW \1 AS", _statement(con, "overlap", statement)))
+    con.execute(_statement(con, "exposed", "exposed_intervals"))
+    new = _statement(con, "overlap", "exposed_comm")
+    start, end = new.index("WITH intervals AS ("), new.index("covering AS (")
+    con.execute(new[:start].replace("exposed_comm", "old_exposed_comm") + OLD_INTERVALS + "\n" + new[end:])
+    n_islands = con.execute("SELECT count(*) FROM _exposed_islands").fetchone()[0]
+    assert con.execute("SELECT count(*) FROM exposed_intervals").fetchone()[0] == n_islands  # every one
+    for top in (1, 3, 100):
+        con.execute(f"SET VARIABLE exposed_top = {top}")
+        rows = con.execute("SELECT count(*) FROM exposed_comm").fetchone()[0]
+        assert rows == min(top, con.execute("SELECT count(*) FROM _exposed_islands WHERE run = 'a'").fetchone()[0]) \
+            + min(top, con.execute("SELECT count(*) FROM _exposed_islands WHERE run = 'b'").fetchone()[0])
+        diff = sum(con.execute(f"SELECT count(*) FROM (SELECT * FROM {x} EXCEPT ALL SELECT * FROM {y})").fetchone()[0]
+                   for x, y in (("exposed_comm", "old_exposed_comm"), ("old_exposed_comm", "exposed_comm")))
+        assert diff == 0, (seed, top)
+        # a rank keeps at most exposed_top candidates: the reduce reads that many a rank, not every interval
+        most = con.execute("SELECT max(n) FROM (SELECT count(*) AS n FROM _exposed_top GROUP BY run, rank)").fetchone()[0]
+        assert most is None or most <= top

@@ -1,0 +1,47 @@
+"""The per-rank part the map now makes for the reduce's largest view (issue 18 part 4):
+imbalance_ops from the saved ``_imbalance_ops_rank`` gives, row for row, what the reduce's old SQL
+(tests/reference/reduce_parts.sql) gives over every rank's intervals in one connection."""
+from __future__ import annotations
+
+from conftest import ROOT, ingest_runs
+
+#: FSDP on gloo (CPU operators), a GPU run with a slow rank (kernels)
+RUNS = ("fsdp_gloo_2rank", "ddp_gloo_cuda_2rank_slow1")
+VIEWS = {"imbalance_ops": "_ref_imbalance_ops"}
+
+
+def _rows(con, view: str) -> list[tuple]:
+    return sorted(con.execute(f"SELECT * FROM {view}").fetchall(), key=repr)
+
+
+def test_map_parts_give_the_old_reduce_results(tmp_path_factory, monkeypatch):
+    from traceanalyzer.analyses import connect, prepare
+    from traceanalyzer.analyses import modules as M
+    from traceanalyzer.analyses import summaries as sm
+    from traceanalyzer.analyses.results import effective_params
+    store = ingest_runs(tmp_path_factory, "reduce_parts", RUNS, workers=1)
+    runs, params = sorted(RUNS), effective_params({})
+    monkeypatch.setattr(sm, "MAP_TASK_EVENTS_BYTES", 1)        # one map task a rank
+    assert {"_imbalance_ops_rank"} <= set(sm.saved_views())
+    assert sm.ensure(store, runs, params) == runs
+
+    con = connect(store)                                     # the reduce: the saved parts, no events
+    assert {"_imbalance_ops_rank"} <= set(sm.attach(con, store, runs, params))
+    M.bind(con, M.modules_for(list(VIEWS)))
+    made = {t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()}
+    assert not made & {"_imbalance_ops_rank", "activity_intervals"}
+    new = {v: _rows(con, v) for v in VIEWS}
+    con.close()
+
+    ref = connect(store)                                     # the old SQL over every rank's events
+    prepare(ref, modules=[], **params)
+    M.bind(ref, M.modules_for(["activity_intervals"]))
+    for statement in ref.extract_statements((ROOT / "tests" / "reference" / "reduce_parts.sql").read_text()):
+        ref.execute(statement)
+    old = {v: _rows(ref, r) for v, r in VIEWS.items()}
+    ref.close()
+
+    assert new == old
+    ops = new["imbalance_ops"]
+    assert {r[0] for r in ops} == set(runs) and {r[1] for r in ops} == {"compute", "comm", "memory"}
+    assert any(r[8] > 0 for r in ops)                        # some op unevenly spent (excess_ns_per_step)
