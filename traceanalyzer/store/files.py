@@ -345,7 +345,11 @@ def open_store(store: str | os.PathLike, read_only_db: str | None = None, select
     con = duckdb.connect(read_only_db or ":memory:")
     # DuckDB draws a progress bar on stdout for queries over ~2 s: it would land in front of
     # `analyze --json > file`. A setting of this connection alone (scope LOCAL), nothing global.
-    con.execute("SET enable_progress_bar = false")
+    # In Jupyter DuckDB refuses any change of it without ipywidgets; there the bar is a widget.
+    try:
+        con.execute("SET enable_progress_bar = false")
+    except duckdb.InvalidInputException:
+        pass
     if isinstance(store, Path) and _listed_bytes(store, manifest) <= ONE_THREAD_MAX_BYTES:
         con.execute("SET threads = 1")  # this connection's own database: nothing global changes
     where = _readable(store, manifest, con)
