@@ -40,8 +40,9 @@ import harness  # noqa: E402
 BEFORE = "b8ad8c3^"
 
 
-def child(folder: str, store: str, workers: int) -> None:
-    """In the child: one ingest, its manifest reads counted."""
+def _count_manifest_reads():
+    """In a benchmark child only (its own process, never a library): count the rank manifests read
+    through ``Path.read_text`` from now on; returns (reads, size) counters (``n``, ``bytes``)."""
     from collections import Counter
     reads, size = Counter(), Counter()
     real = Path.read_text
@@ -52,7 +53,13 @@ def child(folder: str, store: str, workers: int) -> None:
             reads["n"] += 1
             size["bytes"] += len(text)
         return text
-    Path.read_text = counted  # this benchmark child's own process: counted here, never in a library
+    Path.read_text = counted
+    return reads, size
+
+
+def child(folder: str, store: str, workers: int) -> None:
+    """In the child: one ingest, its manifest reads counted."""
+    reads, size = _count_manifest_reads()
     import traceanalyzer as ta
     t0, c0 = time.perf_counter(), time.process_time()
     rep = ta.ingest([folder], store, run="job", progress=False, workers=workers)
@@ -67,17 +74,7 @@ def child_checks(folder: str) -> None:
     manifests for the rank check and again for the run id; after, the driver reads them once
     (``sidecars.manifests_for``) and each task checks against its own part."""
     import pickle
-    from collections import Counter
-    reads, size = Counter(), Counter()
-    real = Path.read_text
-
-    def counted(self, *a, **k):
-        text = real(self, *a, **k)
-        if self.name.startswith("rank") and self.name.endswith(".manifest.json"):
-            reads["n"] += 1
-            size["bytes"] += len(text)
-        return text
-    Path.read_text = counted  # this benchmark child's own process
+    reads, size = _count_manifest_reads()
     import traceanalyzer as ta
     from traceanalyzer.ingest import sidecars
     from traceanalyzer.ingest.consistency import collector_run_id
