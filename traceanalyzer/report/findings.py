@@ -8,6 +8,7 @@ median step), so the first finding is the one worth fixing first:
 * imbalance: the compute the rank does beyond the mean of the ranks (``excess_ns_per_step``), or the
   wait it imposes on its peers if larger (extra work is *why* it makes them wait);
 * slow pipeline stage: its own time beyond the other stages' (``excess_ns_per_step``);
+* slow host: a straggler whose lateness its host explains (:func:`_slow_hosts`): the wait it imposes;
 * exposed communication: what overlapping the data-parallel collectives issued only after the
   backward pass with that backward could save (see :func:`_exposed`; other exposed communication is
   waiting, a stall, or bound by the network, and is the evidence, not a finding).
@@ -39,7 +40,7 @@ EXPOSED_EVIDENCE_TOP = default("exposed_evidence_top")
 #: Which cause wins when one rank is flagged by several analyses (higher = more specific).
 _SPECIFICITY = {"straggler": 0, "imbalance": 1, "slow_stage": 2}
 
-_TITLES = {"straggler": "Straggler", "imbalance": "Imbalance", "slow_stage": "Slow pipeline stage",
+_TITLES = {"straggler": "Straggler", "slow_host": "Slow host", "imbalance": "Imbalance", "slow_stage": "Slow pipeline stage",
            "exposed_comm": "Exposed communication", "structural": "Structural imbalance"}
 
 
@@ -380,6 +381,7 @@ def rank_findings(data: RunData) -> list[Finding]:
     found = _merge_by_rank(_stragglers(data) + _imbalance(data) + _slow_stages(data))
     found += _structural(data, {f.rank for f in found if f.rank is not None}) + _exposed(data, step_ns)
     _add_cpu_wait(data, found)
+    _slow_hosts(data, found)
     return sorted(found, key=lambda f: -f.recoverable_ns_per_step)
 
 
@@ -406,6 +408,49 @@ def _add_cpu_wait(data: RunData, found: list[Finding]) -> None:
                               f"median {ms(r['peers_run_ns_per_step'])}")
 
 
+def _slow_hosts(data: RunData, found: list[Finding]) -> None:
+    """A straggler that ran the same operations on the same input shapes as its peers (work.sql)
+    and whose extra CPU time plus extra wait for a core per step (host_cpu.sql: its training
+    thread's, beyond its peers' medians) covers at least ``straggler_host_min_pct`` of the phase it
+    was slower in is late because of its host -- a slower or shared core -- not because of the job:
+    its kind becomes ``slow_host`` (what to fix is the host: pinning, isolation, a node), the wait
+    it imposes stays its recoverable time. Unknown (no samples, no work comparison): a straggler."""
+    hc, im, st = data.r("host_cpu"), data.r("imbalance"), data.r("stragglers")
+    if hc.empty or im.empty or st.empty or "same_work" not in im or "run_ns_per_step" not in hc:
+        return
+    min_pct = float(data.params.get("straggler_host_min_pct", default("straggler_host_min_pct")))
+    hosts, same = hc.set_index("rank"), im.set_index("rank")["same_work"]
+    excess = st.set_index("rank")["phase_excess_ns_per_step"]
+    for f in found:
+        if f.kind != "straggler" or f.also or f.rank not in hosts.index or f.rank not in excess.index:
+            continue
+        h = hosts.loc[f.rank]
+        extra_run = h["run_ns_per_step"] - h["peers_run_ns_per_step"]
+        extra_wait = h["wait_ns_per_step"] - h["peers_wait_ns_per_step"]
+        ex = float(excess[f.rank])
+        if not (same.get(f.rank) is True or same.get(f.rank) == 1) or pd.isna(extra_run) or pd.isna(extra_wait) \
+                or not ex > 0 or not 100.0 * (extra_run + extra_wait) >= min_pct * ex:
+            continue
+        share = 100.0 * (extra_run + extra_wait) / ex
+        parts = []
+        if extra_run > 0 and h['peers_run_ns_per_step'] > 0:
+            parts.append(f"ran the same work {100.0 * extra_run / h['peers_run_ns_per_step']:.0f}% slower "
+                         f"(+{ms(extra_run)} of CPU per step)")
+        if extra_wait > 0:
+            parts.append(f"kept it waiting {ms(extra_wait)} more per step for a core")
+        f.kind, f.title = "slow_host", f"{_TITLES['slow_host']}: rank {f.rank}"
+        f.summary = (f"rank {f.rank}'s host {' and '.join(parts)}; its peers wait for it "
+                     f"{ms(f.estimate_ns_per_step or f.recoverable_ns_per_step)} per step")
+        f.evidence.insert(0, f"its extra CPU time ({_signed(extra_run)}) and extra wait for a core ({_signed(extra_wait)}) "
+                             f"per step cover {share:.0f}% of its slower phase (+{ms(ex)}), running the same operations "
+                             f"on the same input shapes as its peers: its host (a slower or shared core), not its work "
+                             f"or the job, made it late")
+
+
+def _signed(ns: float) -> str:
+    return ("+" if ns >= 0 else "-") + ms(abs(ns))
+
+
 def _same_work_ranks(data: RunData) -> list[int]:
     """Ranks above the imbalance thresholds that the analysis found ran the same work as their peers."""
     im = data.r("imbalance")
@@ -429,7 +474,10 @@ def negatives(data: RunData, findings: list[Finding]) -> list[str]:
     p = data.params
     kinds = {k for f in findings for k in [f.kind] + f.also}
     out = []
-    if "straggler" not in kinds:
+    if "straggler" not in kinds and "slow_host" in kinds:
+        out.append("No straggler of the job's own: every rank its peers waited for ran the same work on a slower or "
+                   "shared host (the slow-host finding).")
+    elif "straggler" not in kinds:
         out.append(f"No straggler found: no rank cost its peers at least {p.get('straggler_min_delay_pct', 10.0):g}% "
                    f"of a step while being at least {p.get('straggler_min_excess_pct', 10.0):g}% slower in a phase.")
     if "imbalance" not in kinds:

@@ -27,6 +27,8 @@ METRICS = {
                     "stages): 100 x W / (median step - W), W their recoverable time per step summed (not the replay's "
                     "S = T / T_ideal; see docs/metrics.md)",
     "straggler_pct": "largest recoverable time of a finding that involves a straggler, % of the step (0: none)",
+    "slow_host_pct": "largest recoverable time of a slow-host finding (a straggler its host's extra CPU time and wait for a "
+                     "core explain), % of the step (0: none)",
     "imbalance_pct": "largest recoverable time of a finding that involves an imbalanced rank, % of the step (0: none)",
     "slow_stage_pct": "largest recoverable time of a slow pipeline stage finding, % of the step (0: none; "
                       "none without a pipeline)",
@@ -39,7 +41,7 @@ METRICS = {
     "findings": "number of findings",
 }
 
-_RANK_KINDS = {"straggler", "imbalance", "slow_stage"}
+_RANK_KINDS = {"straggler", "slow_host", "imbalance", "slow_stage"}
 
 
 def _f(v) -> float | None:
@@ -66,6 +68,7 @@ def run_metrics(data: RunData, findings: list[Finding]) -> dict:
         "step_ms": _f(step_ns / 1e6) if step_ns else None,
         "slowdown_pct": _f(slowdown),
         "straggler_pct": _largest(findings, "straggler"),
+        "slow_host_pct": _largest(findings, "slow_host"),
         "imbalance_pct": _largest(findings, "imbalance"),
         "slow_stage_pct": _largest(findings, "slow_stage") if not data.r("pipeline_shape").empty else None,
         "compute_spread_pct": _f(100.0 * (im["ratio_to_mean"].max() - 1.0)) if not im.empty else None,

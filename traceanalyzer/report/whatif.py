@@ -47,7 +47,7 @@ REPLAY_MIN_PCT = _default("replay_min_pct")
 REPLAY_MAX_EVENTS = _default("replay_max_events")
 
 #: Finding kinds a what-if applies to (the ones that name a rank).
-REPLAY_KINDS = ("straggler", "imbalance", "slow_stage", "structural")
+REPLAY_KINDS = ("straggler", "slow_host", "imbalance", "slow_stage", "structural")
 
 
 @dataclass
@@ -265,7 +265,7 @@ def replay_note(rp: RunReplay) -> str:
 
 #: The finding threshold of each rank-finding kind (an analysis parameter, % of the median step).
 _THRESHOLDS = {kind: (p, _default(p)) for kind, p in (
-    ("straggler", "straggler_min_delay_pct"), ("imbalance", "imbalance_min_excess_pct"),
+    ("straggler", "straggler_min_delay_pct"), ("slow_host", "straggler_min_delay_pct"), ("imbalance", "imbalance_min_excess_pct"),
     ("slow_stage", "slow_stage_min_excess_pct"), ("structural", "slow_stage_min_excess_pct"))}
 
 
