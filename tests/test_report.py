@@ -21,7 +21,8 @@ from traceanalyzer import report
 
 #: run -> (kind of the first finding, rank) for the shipped runs with an injected fault
 FAULTY = {"ddp_gloo_4rank_slow2": ("straggler", 2), "pp_1f1b_4rank_slow2": ("slow_stage", 2),
-          "ddp_gloo_2rank_imb1": ("imbalance", 1), "ddp_gloo_2rank_nooverlap": ("exposed_comm", None)}
+          "ddp_gloo_2rank_imb1": ("imbalance", 1), "ddp_gloo_2rank_nooverlap": ("exposed_comm", None),
+          "ddp_gloo_2rank_noisy0": ("slow_host", 0)}
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -74,7 +75,7 @@ def test_first_finding_is_the_injected_fault(run, doc, html_text):
         assert first["stage"] == 2
     m = re.search(r'<div class="finding" id="[^"]*-1" data-kind="([a-z_]+)"><h3>#1 ([^:<]+)', _section(html_text, run))
     assert m and m.group(1) == kind
-    assert m.group(2) == {"straggler": "Straggler", "slow_stage": "Slow pipeline stage", "imbalance": "Imbalance",
+    assert m.group(2) == {"straggler": "Straggler", "slow_host": "Slow host", "slow_stage": "Slow pipeline stage", "imbalance": "Imbalance",
                           "exposed_comm": "Exposed communication"}[kind]
 
 

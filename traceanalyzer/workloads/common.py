@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from traceanalyzer.collect import enable_flight_recorder
+from traceanalyzer.workloads import neighbour
 
 BACKENDS = ("gloo", "nccl")
 DEVICES = ("cpu", "cuda")
@@ -35,6 +36,10 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--annotate-delay", action="store_true",
                    help=f"ddp: wrap the --slow-ms sleep in record_function({DELAY_ANNOTATION!r}), as a user "
                         "would name a region (default: the sleep is not annotated)")
+    p.add_argument("--noisy-rank", type=int, default=None,
+                   help="rank whose CPU core is shared with a busy process (a noisy neighbour: a slow host)")
+    p.add_argument("--noisy-pct", type=float, default=50.0,
+                   help="how busy the --noisy-rank neighbour keeps the core, %% of the time")
     p.add_argument("--imbalance-rank", type=int, default=None,
                    help="rank given more work than the others (what 'more' is depends on the workload)")
     p.add_argument("--imbalance-factor", type=float, default=DEFAULT_IMBALANCE_FACTOR,
@@ -111,13 +116,15 @@ def init_distributed(args: argparse.Namespace) -> tuple[int, int, torch.device]:
         torch.cuda.set_device(device)
     dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
+    if getattr(args, "noisy_rank", None) == rank:
+        neighbour.start(args.noisy_pct)
     torch.manual_seed(seed)  # same initial weights on every rank (DDP broadcasts anyway)
     return rank, world, device
 
 
 def check_rank_flags(args: argparse.Namespace, world: int) -> None:
     """A fault aimed at a rank that does not exist would silently give a clean run."""
-    for flag in ("slow_rank", "imbalance_rank"):
+    for flag in ("slow_rank", "imbalance_rank", "noisy_rank"):
         value = getattr(args, flag)
         if value is not None and not 0 <= value < world:
             raise SystemExit(f"--{flag.replace('_', '-')} {value}: not a rank of this "
@@ -150,8 +157,9 @@ def fault_ground_truth(args: argparse.Namespace) -> dict:
 
 def injected_faults(args: argparse.Namespace, *, per_forward: int = 1) -> list[dict]:
     """The faults this run injected, one dict each, for the manifest's ``ground_truth["faults"]``:
-    ``kind`` (slow_rank, imbalance), the ``rank``, and how much: ``injected_ms`` (sleep per step:
-    the per-forward sleep x ``per_forward`` forwards per step) or ``factor`` (x the others' work).
+    ``kind`` (slow_rank, imbalance, slow_host), the ``rank``, and how much: ``injected_ms`` (sleep per
+    step: the per-forward sleep x ``per_forward`` forwards per step), ``factor`` (x the others' work) or
+    ``busy_pct`` (of the rank's core, taken by a noisy neighbour).
     Workloads add their own (a pipeline's slow stage or worker, MoE routing skew, sequence lengths)."""
     gt = fault_ground_truth(args)
     out = []
@@ -160,6 +168,8 @@ def injected_faults(args: argparse.Namespace, *, per_forward: int = 1) -> list[d
                     "injected_ms": gt["slow_ms"] * per_forward})
     if gt["imbalance_rank"] is not None:
         out.append({"kind": "imbalance", "rank": gt["imbalance_rank"], "factor": gt["imbalance_factor"]})
+    if getattr(args, "noisy_rank", None) is not None:
+        out.append({"kind": "slow_host", "rank": args.noisy_rank, "busy_pct": args.noisy_pct})
     return out
 
 
