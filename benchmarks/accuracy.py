@@ -90,6 +90,10 @@ CASES = [
     # one rank per core (2 ranks on 2 cores): the same faults where no rank shares a core, so a
     # culprit's sleep does not hand its core to a peer (the contention the 4-8 rank cases carry)
     Case("ddp2_slow1", 2, ["ddp", "--slow-rank", "1", "--slow-ms", "10"], "ddp2"),
+    # a host fault: a noisy neighbour busy half the time on the rank's core (one rank per core here;
+    # with 4 ranks on 2 cores it would slow the rank sharing that core too)
+    Case("ddp2_noisy0", 2, ["ddp", "--noisy-rank", "0", "--noisy-pct", "50"], "ddp2"),
+    Case("fsdp2_noisy1", 2, ["fsdp", "--noisy-rank", "1", "--noisy-pct", "50"], "fsdp2"),
     Case("pp_1f1b2", 2, PP + ["--schedule", "1f1b"]),
     Case("pp_1f1b2_rank1", 2, PP + ["--schedule", "1f1b", "--slow-rank", "1", "--slow-ms", "5"], "pp_1f1b2"),
     Case("pp_gpipe2", 2, PP + ["--schedule", "gpipe"]),

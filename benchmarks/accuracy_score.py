@@ -39,11 +39,12 @@ WHATIF_MIN_TOL = 0.10   # what-if: at least this relative error allowed ...
 SPREAD_FACTOR = 2.0     # ... or this many times the clean twin's run-to-run spread
 SLOWDOWN_TOL = 0.10     # S within this fraction of the measured slowdown
 RANK_KINDS = ("straggler", "imbalance", "slow_stage")
+HOST_KINDS = ("slow_host",)     # the machine, not the job: counted apart on clean runs, as a victim on fault runs
 
 
 @dataclass
 class Truth:
-    kind: str                     # slow_rank, slow_stage, slow_worker, imbalance, routing_skew, seqlen_imbalance, no_overlap
+    kind: str                     # slow_rank, slow_stage, slow_worker, imbalance, routing_skew, seqlen_imbalance, no_overlap, slow_host
     ranks: list = field(default_factory=list)   # the ranks to idealise (global)
     stage: int | None = None
     injected_ms: float | None = None
@@ -86,21 +87,22 @@ def truth(gt: dict) -> Truth | None:
         analysis = "pp x dp (slow worker)" if f["kind"] == "slow_worker" else "pipeline (slow stage/rank)"
     else:
         analysis = {"slow_rank": "straggler", "imbalance": "imbalance", "seqlen_imbalance": "imbalance",
-                    "routing_skew": "moe routing"}.get(f["kind"], f["kind"])
+                    "routing_skew": "moe routing", "slow_host": "slow host"}.get(f["kind"], f["kind"])
     return Truth(f["kind"], ranks, f.get("stage"), f.get("injected_ms"), analysis)
 
 
 def names_culprit(f: dict, t: Truth) -> bool:
     if t.kind == "no_overlap":
         return f["kind"] == "exposed_comm"
-    return f["kind"] in RANK_KINDS and f.get("rank") is not None and int(f["rank"]) in t.ranks
+    kinds = HOST_KINDS if t.kind == "slow_host" else RANK_KINDS    # a sleep is no slow host, nor the reverse
+    return f["kind"] in kinds and f.get("rank") is not None and int(f["rank"]) in t.ranks
 
 
 def victims_named(findings: list, t: Truth | None) -> list:
-    """Rank findings (straggler, imbalance, slow stage) that name a rank other than the culprit's."""
+    """Rank findings (straggler, imbalance, slow stage, slow host) that name a rank other than the culprit's."""
     culprits = set(t.ranks) if t else set()
     return [int(f["rank"]) for f in findings
-            if f["kind"] in RANK_KINDS and f.get("rank") is not None and int(f["rank"]) not in culprits]
+            if f["kind"] in RANK_KINDS + HOST_KINDS and f.get("rank") is not None and int(f["rank"]) not in culprits]
 
 
 def _rel(a, b):
@@ -165,10 +167,12 @@ def structural_as_built(f: dict, gt: dict) -> bool:
 def score_clean(doc: dict) -> dict:
     fs = doc["report"]["findings"]
     gt = doc.get("ground_truth", {})
-    false = [f for f in fs if not structural_as_built(f, gt)]
-    return {"run": doc["run"], "n_findings": len(false), "n_structural": len(fs) - len(false),
+    built = [f for f in fs if structural_as_built(f, gt)]
+    host = [f for f in fs if f["kind"] in HOST_KINDS]
+    false = [f for f in fs if f not in built and f not in host]
+    return {"run": doc["run"], "n_findings": len(false), "n_structural": len(built), "n_host": len(host),
             "findings": [f"{f['kind']} r{f.get('rank')} {f['recoverable_ns_per_step'] / 1e6:.1f}ms"
-                         + (" (as built)" if f not in false else "") for f in fs],
+                         + (" (as built)" if f in built else " (host)" if f in host else "") for f in fs],
             "step_ms": doc["measured_step_ns"] / 1e6}
 
 
@@ -218,7 +222,9 @@ def summary(faults: list, clean: list) -> dict:
     clean_ok = sum(c["n_findings"] == 0 for c in clean)
     o.update(clean_runs=len(clean), clean_with_findings=len(clean) - clean_ok,
              clean_findings=sum(c["n_findings"] for c in clean),
-             clean_structural=sum(c.get("n_structural", 0) for c in clean))
+             clean_structural=sum(c.get("n_structural", 0) for c in clean),
+             clean_host=sum(c.get("n_host", 0) for c in clean),
+             clean_with_any=sum(c["n_findings"] + c.get("n_host", 0) > 0 for c in clean))
     parts = [o["detected"] / nm, o["magnitude_ok"] / nm, o["whatif_ok"] / n, o["s_ok"] / n,
              max(0.0, 1.0 - o["victims"] / n), clean_ok / max(len(clean), 1)]
     o["score"] = float(np.mean(parts))
@@ -257,7 +263,9 @@ def render(s: dict) -> str:
     lines.append("| target | | | 100 % | 100 % | 0 | 100 % | | 100 % |")
     lines += ["", f"Clean runs (every recording): {o['clean_runs']}, with false findings: {o['clean_with_findings']} "
                   f"(target 0), false findings in all: {o['clean_findings']}; structural findings on a stage heavier "
-                  f"by construction (not counted as false): {o.get('clean_structural', 0)}.", "",
+                  f"by construction (not counted as false): {o.get('clean_structural', 0)}; slow-host findings (the "
+                  f"recording machine's core, measured, not the job; not counted as false): {o.get('clean_host', 0)}; "
+                  f"clean runs with any finding at all, these included: {o.get('clean_with_any', 0)}.", "",
               "| fault run | truth | T_fault / T_clean ms | effect ms | first finding | magnitude ms (err) | victims | "
               "what-if ms (err / tol) | S pred / meas |", "|---|---|---|---|---|---|---|---|---|"]
     for f in s["faults"]:

@@ -180,3 +180,22 @@ def test_structural_findings_and_faults_without_effect(scored):
     o = sc.score_corpus(none, twins)["summary"]["overall"]
     assert (o["cases"], o["measurable"], o["detected"]) == (1, 0, 0)
     assert "(no effect)" in sc.render(sc.score_corpus(none, twins))
+
+
+def test_slow_host_findings_are_scored_apart(scored):
+    """A slow-host finding (the recording machine's core, not the job) on a clean run is counted apart
+    from false findings and in the strict count; it does not detect a sleeping rank (wrong cause), and
+    a host fault is detected only by a slow-host finding on its rank."""
+    twins = {FAULT: TWIN, TWIN: None}
+    host = dict(scored[FAULT]["report"]["findings"][0], kind="slow_host", rank=3)
+    d = copy.deepcopy(scored)
+    d[TWIN]["report"]["findings"] = [host]
+    o = sc.score_corpus(d, twins)["summary"]["overall"]
+    assert (o["clean_with_findings"], o["clean_host"], o["clean_with_any"]) == (0, 1, 1)
+    assert "(host)" in sc.render(sc.score_corpus(d, twins))
+    sleep = sc.truth(scored[FAULT]["ground_truth"])
+    assert not sc.names_culprit(dict(host, rank=1), sleep) and sc.victims_named([host], sleep) == [3]
+    noisy = sc.truth({"workload": "ddp", "faults": [{"kind": "slow_host", "rank": 1, "busy_pct": 50}]})
+    assert (noisy.kind, noisy.ranks, noisy.analysis) == ("slow_host", [1], "slow host")
+    assert sc.names_culprit(dict(host, rank=1), noisy)
+    assert not sc.names_culprit(dict(host, rank=1, kind="straggler"), noisy)
