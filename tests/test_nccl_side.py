@@ -152,6 +152,10 @@ def test_real_torch_pickle_dump_and_the_collector(tmp_path):
         train_step()
         dist.barrier()
         c10d = torch._C._distributed_c10d
+        import json, time   # an entry is retired when its work is released, on another thread: wait, so both dumps agree
+        t0 = time.time()
+        while time.time() - t0 < 20 and not all(e.get("retired") for e in json.loads(c10d._dump_fr_trace_json())["entries"]):
+            time.sleep(0.01)
         open("{tmp_path}/rank0.fr.pkl", "wb").write(c10d._dump_fr_trace())
         open("{tmp_path}/torch.json", "wb").write(c10d._dump_fr_trace_json())
         from traceanalyzer.collect.fr_dump import dump_flight_recorder
