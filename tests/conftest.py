@@ -53,7 +53,7 @@ def ingest_runs(tmp_path_factory, name: str, runs, dlrm: bool = False, workers: 
 #: The shipped runs of the session's shared store (:func:`shipped_store`): the four with an injected
 #: fault and three clean ones, each under its folder name (ingest's default run name).
 SHIPPED_RUNS = ("ddp_gloo_4rank_slow2", "pp_1f1b_4rank_slow2", "ddp_gloo_2rank_imb1", "ddp_gloo_2rank_nooverlap",
-                "ddp_gloo_2rank_noisy0",
+                "ddp_gloo_2rank_noisy0", "ddp_gloo_2rank_slow1_sampled",
                 "ddp_gloo_2rank", "ddp_gloo_4rank", "pp_1f1b_4rank")
 CLEAN = ("ddp_gloo_2rank", "ddp_gloo_4rank", "pp_1f1b_4rank")
 #: A copy of ddp_gloo_2rank whose costliest operator is renamed to a script tag (escaping tests).

@@ -22,7 +22,9 @@ from traceanalyzer import report
 #: run -> (kind of the first finding, rank) for the shipped runs with an injected fault
 FAULTY = {"ddp_gloo_4rank_slow2": ("straggler", 2), "pp_1f1b_4rank_slow2": ("slow_stage", 2),
           "ddp_gloo_2rank_imb1": ("imbalance", 1), "ddp_gloo_2rank_nooverlap": ("exposed_comm", None),
-          "ddp_gloo_2rank_noisy0": ("slow_host", 0)}
+          "ddp_gloo_2rank_noisy0": ("slow_host", 0),
+          # the same kind of recording, with CPU samples, whose rank 1 sleeps: not its host, a straggler
+          "ddp_gloo_2rank_slow1_sampled": ("straggler", 1)}
 
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
