@@ -142,7 +142,7 @@ def test_same_work_on_a_slower_host_is_no_imbalance(store):
     data.results["imbalance"] = im
     data.params["imbalance_min_excess_pct"] = 4.0
     assert [f.kind for f in rank_findings(data)] == []
-    from traceanalyzer.report.findings import negatives
+    from traceanalyzer.report.negatives import negatives
     assert any(n.startswith("Rank 0 computes 1.1") and "same operations on the same input shapes" in n
                for n in negatives(data, []))
 
