@@ -32,15 +32,15 @@ sys.path.insert(0, str(HERE))
 import harness  # noqa: E402
 
 
-def child(store: str, cap: int, before: str | None = None) -> dict:
+def child(store: str, cap: int, before: str | None = None, any_key: bool = False) -> dict:
     if before:
         sys.path.insert(0, before)       # the earlier code, on summaries saved by this one
     from traceanalyzer.analyses import summaries as sm
     from traceanalyzer.analyses.results import analyze, effective_params, to_json
     from traceanalyzer.store import files as st
     runs = sorted({t["run"] for t in st.read_manifest(st.location(store)).traces})
-    if before:
-        assert sm.__file__.startswith(str(Path(before).resolve())), sm.__file__
+    if before or any_key:
+        assert not before or sm.__file__.startswith(str(Path(before).resolve())), sm.__file__
         sm.current = lambda store, runs, params, manifest=None: list(runs)   # any key: no map
     elif sm.current(store, runs, effective_params({})) != runs:
         raise SystemExit(f"{store}: summaries not current (analyze it once first)")
@@ -63,6 +63,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json-out", type=Path)
     ap.add_argument("--capped-only", action="store_true", help="leave out the run without a cap")
     ap.add_argument("--before", type=Path, help="also the reduce of the code in this folder (an earlier commit)")
+    ap.add_argument("--any-key", action="store_true",
+                    help="this code too reads the saved summaries whatever their key (reduce SQL changed, map the same)")
     args = ap.parse_args(argv)
     start = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
     machine = harness.machine_line()
@@ -75,7 +77,8 @@ def main(argv=None) -> int:
         con.close()
         for cap, code in [(c, k) for c in caps for k in ([str(args.before.resolve())] if args.before else []) + [""]]:
             load = harness.machine_info()["loadavg"][0]
-            res = harness.run_child([sys.executable, str(Path(__file__).resolve()), "_child", store, str(cap), code],
+            res = harness.run_child([sys.executable, str(Path(__file__).resolve()), "_child", store, str(cap), code,
+                                     "any" if args.any_key else ""],
                                     Path(store).parent / f"reduce-{Path(store).name}-{cap}{'-before' if code else ''}.log",
                                     timeout_s=args.timeout, expect_result=True)
             row = {"store": store, "ranks": ranks, "cap": cap, "load_start": load, "code": "before" if code else "this",
@@ -95,7 +98,7 @@ def main(argv=None) -> int:
 def render(rows: list[dict], args, start: str, machine: str) -> str:
     out = [f"\n## The reduce's driver memory with and without its DuckDB cap (issue 18): `benchmarks/reduce_scale.py`, {start}\n",
            f"- command: `python benchmarks/reduce_scale.py {' '.join(args.stores)} --caps {args.caps}"
-           f"{' --before ' + str(args.before) if args.before else ''}`",
+           f"{' --before ' + str(args.before) if args.before else ''}{' --any-key' if args.any_key else ''}`",
            f"- machine: {machine}",
            "- each row: `analyze` of a store whose summaries are current (the reduce alone) in its own process\n",
            "| ranks | code | cap | wall (s) | CPU (s) | peak RSS | analyze's peak | rows | JSON sha256 | load at start |",
@@ -111,6 +114,7 @@ def render(rows: list[dict], args, start: str, machine: str) -> str:
 
 if __name__ == "__main__":
     if len(sys.argv) > 3 and sys.argv[1] == "_child":
-        harness.emit_result(child(sys.argv[2], int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] else None))
+        harness.emit_result(child(sys.argv[2], int(sys.argv[3]), sys.argv[4] if len(sys.argv) > 4 and sys.argv[4] else None,
+                                  len(sys.argv) > 5 and sys.argv[5] == "any"))
     else:
         sys.exit(main())

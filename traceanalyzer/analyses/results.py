@@ -130,6 +130,9 @@ def analyze(store: str | os.PathLike, run: str | None = None, only: list[str] | 
         if summaries and save_results and st.writable(st.location(store)):
             from . import summaries as sm
             sm.ensure(store, runs, effective_params(params), dask=dask, n_workers=n_workers)
+            if run is not None:  # the reduce reads that run's files, not every run's of the store
+                con.close()
+                con = sm.open_runs(store, runs)
             if sm.attach(con, store, runs, effective_params(params)):  # the reduce: memory capped, spills
                 sm.limit_memory(con, store)
                 results = sm.under_cap(con, lambda: compute(con, run=run, only=only, **params))
