@@ -1,7 +1,7 @@
--- The SQL of pipeline_idle before its per-rank part moved into the map (session 19, issue 17;
--- analyses/sql/bubbles.sql at 8b2c53a), kept as the reference tests/test_pipeline_idle_map.py compares
--- the map/reduce view with: computed over every rank's rows in one connection. Only the view's name
--- differs.
+-- The SQL of pipeline_idle, pipeline_bubbles and pipeline_stall_causes before pipeline_idle's per-rank
+-- part moved into the map (session 19, issue 17; analyses/sql/bubbles.sql at 8b2c53a), kept as the
+-- reference tests/test_pipeline_idle_map.py compares the map/reduce views with: computed over every
+-- rank's rows in one connection. Only the views' names differ.
 
 -- Idle stretches of each stage in each step, classified.
 -- Columns: run, rank, stage, step, kind (warmup/cooldown/stall/other), caused_by_rank (stalls),
@@ -111,3 +111,38 @@ SELECT g.run, g.rank, st.stage, g.step, 'other', NULL, g.lo_ns + coalesce(p.stal
 FROM gaps g JOIN pipeline_stages st USING (run, rank)
 LEFT JOIN per_gap p USING (run, rank, step, lo_ns, hi_ns)
 WHERE g.kind = 'gap' AND g.hi_ns - g.lo_ns - coalesce(p.stall_ns, 0) > 0;
+
+-- Per stage and step. Columns: run, rank, pipeline_id, stage, step, step_ns, busy_ns, idle_ns, warmup_ns,
+-- cooldown_ns, stall_ns, other_idle_ns, bubble_pct (idle / step), theoretical_bubble_pct, schedule,
+-- microbatches.
+CREATE OR REPLACE TEMP VIEW _ref_pipeline_bubbles AS
+SELECT st.run, st.rank, st.pipeline_id, st.stage, s.aligned_step AS step, s.dur_ns AS step_ns,
+       s.dur_ns - coalesce(sum(i.dur_ns), 0) AS busy_ns, coalesce(sum(i.dur_ns), 0) AS idle_ns,
+       coalesce(sum(i.dur_ns) FILTER (WHERE i.kind = 'warmup'), 0) AS warmup_ns,
+       coalesce(sum(i.dur_ns) FILTER (WHERE i.kind = 'cooldown'), 0) AS cooldown_ns,
+       coalesce(sum(i.dur_ns) FILTER (WHERE i.kind = 'stall'), 0) AS stall_ns,
+       coalesce(sum(i.dur_ns) FILTER (WHERE i.kind = 'other'), 0) AS other_idle_ns,
+       100.0 * coalesce(sum(i.dur_ns), 0) / nullif(s.dur_ns, 0) AS bubble_pct,
+       any_value(sh.theoretical_bubble_pct) AS theoretical_bubble_pct, any_value(sh.schedule) AS schedule,
+       any_value(sh.microbatches) AS microbatches
+FROM pipeline_stages st JOIN _aligned_steps s USING (run, rank) JOIN pipeline_shape sh USING (run, pipeline_id)
+LEFT JOIN _ref_pipeline_idle i ON i.run = st.run AND i.rank = st.rank AND i.step = s.aligned_step
+GROUP BY st.run, st.rank, st.pipeline_id, st.stage, s.aligned_step, s.dur_ns;
+
+-- Which stage held the others up: stall time charged to each rank, summed over the stages that
+-- waited for it, per step (median over steps). The slow stage comes first (per pipeline).
+-- Columns: run, rank, pipeline_id, stage, stall_caused_ns_per_step, stall_caused_pct (of the
+-- median step), other_idle_ns_per_step (its own host-side delays), rank_order (1 = the rank its
+-- pipeline stalled on most).
+CREATE OR REPLACE TEMP VIEW _ref_pipeline_stall_causes AS
+WITH caused AS (
+    SELECT run, caused_by_rank AS rank, step, sum(dur_ns) AS ns FROM _ref_pipeline_idle WHERE kind = 'stall' GROUP BY ALL
+),
+own AS (SELECT run, rank, step, sum(dur_ns) AS ns FROM _ref_pipeline_idle WHERE kind = 'other' GROUP BY ALL),
+grid AS (SELECT DISTINCT b.run, b.rank, b.pipeline_id, b.stage, b.step, b.step_ns FROM _ref_pipeline_bubbles b)
+SELECT g.run, g.rank, any_value(g.pipeline_id) AS pipeline_id, any_value(g.stage) AS stage, median(coalesce(c.ns, 0)) AS stall_caused_ns_per_step,
+       100.0 * median(coalesce(c.ns, 0)) / nullif(median(g.step_ns), 0) AS stall_caused_pct,
+       median(coalesce(o.ns, 0)) AS other_idle_ns_per_step,
+       row_number() OVER (PARTITION BY g.run, any_value(g.pipeline_id) ORDER BY median(coalesce(c.ns, 0)) DESC, g.rank) AS rank_order
+FROM grid g LEFT JOIN caused c USING (run, rank, step) LEFT JOIN own o USING (run, rank, step)
+GROUP BY g.run, g.rank;
