@@ -19,7 +19,7 @@ PER_RANK_JOIN = "FROM gaps g JOIN pending_next p ON p.run = g.run AND p.rank = g
 
 def _charged_sql() -> str:
     """``pipeline_idle``'s CTEs gap_spans .. charged (over tables gaps and pending_next), as a query."""
-    text = M.modules()["bubbles"].text
+    text = M.modules()["pipeline_gaps"].text
     start = text.index("gap_spans AS (")
     body = text[start:text.index("\ncharged_keyed AS (", start)].rstrip().rstrip(",")
     return f"WITH {body} SELECT * FROM charged ORDER BY ALL"

@@ -139,9 +139,9 @@ def test_pipeline_gaps_same_rows_as_islands(seed):
     con.executemany("INSERT INTO busy VALUES (?, ?, ?, ?, ?, ?, ?)", _busy(rnd))
     for statement in con.extract_statements(M.modules()["intervals"].text):
         con.execute(statement)
-    text = M.modules()["bubbles"].text
+    text = M.modules()["pipeline_gaps"].text
     start = text.index("ordered AS (")
-    body = text[start:text.index("\ncalls_all AS", start)].rstrip().rstrip(",")
+    body = text[start:text.index("\nSELECT * FROM gaps;", start)].rstrip().rstrip(",")
     new = f"WITH {body} SELECT * FROM gaps ORDER BY ALL"
     assert con.execute(new).fetchall() == con.execute(SPEC_GAPS).fetchall()
     assert con.execute(f"SELECT count(*) FROM ({new}) WHERE kind = 'gap'").fetchone()[0] > 0

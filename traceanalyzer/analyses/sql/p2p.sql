@@ -14,7 +14,8 @@
 -- (the receive returned: the end of its gloo span or of the enqueue op that blocked, whichever is
 -- later), recv_wait_ns (send_arrival - recv_arrival, >= 0: the receiver's wait for the sender).
 CREATE OR REPLACE TEMP VIEW p2p_transfers AS
-WITH ops AS (
+WITH ops AS NOT MATERIALIZED (  -- read twice (sends, receives), each side filtered at the scan: materialised,
+    -- every call of the run is held at once (2.3 M rows, 218 MB at 256 op-timeline ranks: it spills under the reduce's cap)
     SELECT c.run, c.rank, coalesce(sa.aligned_step, c.step) AS step, c.op, coalesce(c.pg_name, '?') AS pg, c.tag, c.p2p_seq, c.src_rank, c.dst_rank,
            coalesce(c.enqueue_ts_ns, c.start_ts_ns) + coalesce(o.offset_ns, 0) AS arrival_ns,
            greatest(coalesce(c.end_ts_ns, 0), coalesce(c.enqueue_ts_ns + c.enqueue_dur_ns, 0))
