@@ -38,9 +38,13 @@ def run_cli(capsys):
     return run
 
 
-def ingest_runs(tmp_path_factory, name: str, runs, dlrm: bool = False, workers: int = 2) -> Path:
+def ingest_runs(tmp_path_factory, name: str, runs, dlrm: bool = False, workers: int = 1) -> Path:
     """A new store with the shipped ``runs`` (one ingest per run, named after its folder) and, with
-    ``dlrm``, the external 8-rank DLRM trace as run 'dlrm' where ../shared has it."""
+    ``dlrm``, the external 8-rank DLRM trace as run 'dlrm' where ../shared has it. Parsed in this
+    process (``workers=1``): a worker pool costs a second or more to start per ingest (several on the
+    loaded 2-core CI machine) for traces that parse in a fraction of that; the pool's path has its own
+    tests (test_replay_ddp's bucket inference ingests with ``workers=2``, test_bad_input's killed ingest
+    with ``--workers 2``)."""
     import traceanalyzer as ta
     d = tmp_path_factory.mktemp(name) / "store"
     for run in runs:
