@@ -126,8 +126,19 @@ PLANTED_ENV = {"TORCH_FAKE_TOKEN": "abc", "TA_TEST_NOT_ALLOWED": "1"}
 @pytest.fixture(scope="session")
 def ddp2_recorded(tmp_path_factory) -> Path:
     """One real clean 2-rank gloo DDP run (the collector's default outputs: JSON traces, Parquet parts,
-    FR dumps, manifests, CPU samples), shared by every test that only reads it: its run folder."""
+    FR dumps, manifests, CPU samples), shared by every test that only reads it: its run folder. The
+    job also ingests itself at exit (``--store``: rank 0, once every rank has written; the store is
+    :func:`ddp2_collector_store`), so that one launch serves the tests of that path too."""
     pytest.importorskip("torch", reason="torch (the 'collect' extra) is needed to run workloads")
     from launch_util import launch  # retries a failed launch once; its error carries each rank's stderr
-    result = launch(2, ["ddp", "--run-name", "ddp2"], tmp_path_factory.mktemp("ddp2_recorded"), env=PLANTED_ENV)
+    # the store inside the attempt's folder: a retry (a rare rank abort at exit, after rank 0
+    # ingested) must not meet the failed attempt's ingest
+    result = launch(2, ["ddp", "--run-name", "ddp2", "--store", "{attempt}/store"],
+                    tmp_path_factory.mktemp("ddp2_recorded"), env=PLANTED_ENV)
     return result.out_dir / "ddp2"
+
+
+@pytest.fixture(scope="session")
+def ddp2_collector_store(ddp2_recorded) -> Path:
+    """The store the ddp2_recorded job's collector ingested itself into (run 'ddp2'; read only)."""
+    return ddp2_recorded.parent.parent / "store"
