@@ -110,6 +110,37 @@ def need_external():
         pytest.skip(f"external traces not found at {EXTERNAL} (they live in ../shared/traces/external)")
 
 
+#: The trace sets of ../shared/traces/external as HTA loaded them (tests/reference/hta_reference.json):
+#: each hta/ and tracelens/ file alone, the 8 DLRM ranks together.
+HTA_REFERENCE = ROOT / "tests" / "reference" / "hta_reference.json"
+
+
+def external_run_name(trace_set: str) -> str:
+    """The run a trace set of HTA_REFERENCE is in :func:`external_store` ('hta__ddp_2rank_rank1')."""
+    return trace_set.replace(".json.gz", "").strip("/").replace("/", "__")
+
+
+@pytest.fixture(scope="session")
+def external_store(tmp_path_factory) -> tuple[Path, dict]:
+    """(store, {run: its ingest report}): every external trace set ingested once for the session, one
+    run per set (:func:`external_run_name`); a file without distributedInfo gets the rank HTA gave it
+    (0 for the AMD trace, as ``--rank 0`` would). Read only: the HTA parity, the external-trace
+    counts and every analysis on every external trace read it rather than each ingesting the
+    same files again."""
+    import traceanalyzer as ta
+    need_external()
+    store = tmp_path_factory.mktemp("external") / "store"
+    reports = {}
+    for key, ts in json.loads(HTA_REFERENCE.read_text())["trace_sets"].items():
+        rank = None
+        if len(ts["ranks"]) == 1:
+            (r, rr), = ts["ranks"].items()
+            rank = int(r) if rr["distributedInfo_rank"] is None else None
+        reports[external_run_name(key)] = ta.ingest([EXTERNAL / f for f in ts["files"]], store,
+                                                    run=external_run_name(key), rank=rank, progress=False, workers=1)
+    return store, reports
+
+
 def snapshot(store: Path) -> dict[str, str]:
     """Every file of a store with its content hash: equal snapshots = store unchanged."""
     if not store.exists():

@@ -186,13 +186,15 @@ def test_analyze_bad_arguments(run_cli, slow2, args, needle):
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
 
 
-def test_every_analysis_runs_on_every_external_trace(tmp_path):
-    """No crash on any trace generation (CPU-only, ROCm, sampled, vLLM): results or empty tables."""
+def test_every_analysis_runs_on_every_external_trace(external_store):
+    """No crash on any trace generation (CPU-only, ROCm, sampled, vLLM, DLRM): results or empty tables.
+    The session's store of every external trace set, one run each (conftest.external_store; nothing
+    saved into it)."""
     need_external()
-    store = tmp_path / "s"
-    for i, path in enumerate(sorted(EXTERNAL.glob("hta/*.json.gz")) + sorted(EXTERNAL.glob("tracelens/*.json.gz"))):
-        ta.ingest([path], store, run=f"f{i}", rank=0 if "amd" in path.name else None)
-    results = analyses.results.analyze(store, save_results=False)
+    store, runs = external_store
+    assert len(runs) == len(list(EXTERNAL.glob("hta/*.json.gz")) + list(EXTERNAL.glob("tracelens/*.json.gz"))) + 1
+    from traceanalyzer.analyses.results import analyze
+    results = analyze(store, save_results=False)
     assert set(results) == set(S.RESULTS)
     assert len(results["temporal_breakdown"]) > 0 and len(results["overlap"]) > 0
 
