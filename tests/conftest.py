@@ -38,9 +38,13 @@ def run_cli(capsys):
     return run
 
 
-def ingest_runs(tmp_path_factory, name: str, runs, dlrm: bool = False, workers: int = 2) -> Path:
+def ingest_runs(tmp_path_factory, name: str, runs, dlrm: bool = False, workers: int = 1) -> Path:
     """A new store with the shipped ``runs`` (one ingest per run, named after its folder) and, with
-    ``dlrm``, the external 8-rank DLRM trace as run 'dlrm' where ../shared has it."""
+    ``dlrm``, the external 8-rank DLRM trace as run 'dlrm' where ../shared has it. Parsed in this
+    process (``workers=1``): a worker pool costs a second or more to start per ingest (several on the
+    loaded 2-core CI machine) for traces that parse in a fraction of that; the pool's path has its own
+    tests (test_replay_ddp's bucket inference ingests with ``workers=2``, test_bad_input's killed ingest
+    with ``--workers 2``)."""
     import traceanalyzer as ta
     d = tmp_path_factory.mktemp(name) / "store"
     for run in runs:
@@ -107,6 +111,37 @@ def need_external():
         pytest.skip(f"external traces not found at {EXTERNAL} (they live in ../shared/traces/external)")
 
 
+#: The trace sets of ../shared/traces/external as HTA loaded them (tests/reference/hta_reference.json):
+#: each hta/ and tracelens/ file alone, the 8 DLRM ranks together.
+HTA_REFERENCE = ROOT / "tests" / "reference" / "hta_reference.json"
+
+
+def external_run_name(trace_set: str) -> str:
+    """The run a trace set of HTA_REFERENCE is in :func:`external_store` ('hta__ddp_2rank_rank1')."""
+    return trace_set.replace(".json.gz", "").strip("/").replace("/", "__")
+
+
+@pytest.fixture(scope="session")
+def external_store(tmp_path_factory) -> tuple[Path, dict]:
+    """(store, {run: its ingest report}): every external trace set ingested once for the session, one
+    run per set (:func:`external_run_name`); a file without distributedInfo gets the rank HTA gave it
+    (0 for the AMD trace, as ``--rank 0`` would). Read only: the HTA parity, the external-trace
+    counts and every analysis on every external trace read it rather than each ingesting the
+    same files again."""
+    import traceanalyzer as ta
+    need_external()
+    store = tmp_path_factory.mktemp("external") / "store"
+    reports = {}
+    for key, ts in json.loads(HTA_REFERENCE.read_text())["trace_sets"].items():
+        rank = None
+        if len(ts["ranks"]) == 1:
+            (r, rr), = ts["ranks"].items()
+            rank = int(r) if rr["distributedInfo_rank"] is None else None
+        reports[external_run_name(key)] = ta.ingest([EXTERNAL / f for f in ts["files"]], store,
+                                                    run=external_run_name(key), rank=rank, progress=False, workers=1)
+    return store, reports
+
+
 def snapshot(store: Path) -> dict[str, str]:
     """Every file of a store with its content hash: equal snapshots = store unchanged."""
     if not store.exists():
@@ -123,8 +158,19 @@ PLANTED_ENV = {"TORCH_FAKE_TOKEN": "abc", "TA_TEST_NOT_ALLOWED": "1"}
 @pytest.fixture(scope="session")
 def ddp2_recorded(tmp_path_factory) -> Path:
     """One real clean 2-rank gloo DDP run (the collector's default outputs: JSON traces, Parquet parts,
-    FR dumps, manifests, CPU samples), shared by every test that only reads it: its run folder."""
+    FR dumps, manifests, CPU samples), shared by every test that only reads it: its run folder. The
+    job also ingests itself at exit (``--store``: rank 0, once every rank has written; the store is
+    :func:`ddp2_collector_store`), so that one launch serves the tests of that path too."""
     pytest.importorskip("torch", reason="torch (the 'collect' extra) is needed to run workloads")
     from launch_util import launch  # retries a failed launch once; its error carries each rank's stderr
-    result = launch(2, ["ddp", "--run-name", "ddp2"], tmp_path_factory.mktemp("ddp2_recorded"), env=PLANTED_ENV)
+    # the store inside the attempt's folder: a retry (a rare rank abort at exit, after rank 0
+    # ingested) must not meet the failed attempt's ingest
+    result = launch(2, ["ddp", "--run-name", "ddp2", "--store", "{attempt}/store"],
+                    tmp_path_factory.mktemp("ddp2_recorded"), env=PLANTED_ENV)
     return result.out_dir / "ddp2"
+
+
+@pytest.fixture(scope="session")
+def ddp2_collector_store(ddp2_recorded) -> Path:
+    """The store the ddp2_recorded job's collector ingested itself into (run 'ddp2'; read only)."""
+    return ddp2_recorded.parent.parent / "store"

@@ -186,13 +186,15 @@ def test_analyze_bad_arguments(run_cli, slow2, args, needle):
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
 
 
-def test_every_analysis_runs_on_every_external_trace(tmp_path):
-    """No crash on any trace generation (CPU-only, ROCm, sampled, vLLM): results or empty tables."""
+def test_every_analysis_runs_on_every_external_trace(external_store):
+    """No crash on any trace generation (CPU-only, ROCm, sampled, vLLM, DLRM): results or empty tables.
+    The session's store of every external trace set, one run each (conftest.external_store; nothing
+    saved into it)."""
     need_external()
-    store = tmp_path / "s"
-    for i, path in enumerate(sorted(EXTERNAL.glob("hta/*.json.gz")) + sorted(EXTERNAL.glob("tracelens/*.json.gz"))):
-        ta.ingest([path], store, run=f"f{i}", rank=0 if "amd" in path.name else None)
-    results = analyses.results.analyze(store, save_results=False)
+    store, runs = external_store
+    assert len(runs) == len(list(EXTERNAL.glob("hta/*.json.gz")) + list(EXTERNAL.glob("tracelens/*.json.gz"))) + 1
+    from traceanalyzer.analyses.results import analyze
+    results = analyze(store, save_results=False)
     assert set(results) == set(S.RESULTS)
     assert len(results["temporal_breakdown"]) > 0 and len(results["overlap"]) > 0
 
@@ -379,8 +381,18 @@ def _renumbered_copy(src, dst, rank, shift):
         json.dump(raw, fh)
 
 
+#: The analyses the renumbered copies must give exactly as the original does.
+ALIGNED_ANALYSES = (analyses.stragglers, analyses.collectives, analyses.phases, analyses.imbalance)
+
+
+@pytest.fixture(scope="module")
+def slow2_aligned(slow2):
+    """ALIGNED_ANALYSES on the original slow2 store, computed once for every renumbered copy."""
+    return {fn.__name__: fn(slow2) for fn in ALIGNED_ANALYSES}
+
+
 @pytest.mark.parametrize("rank", [3, 0])
-def test_steps_are_aligned_by_the_collectives_they_share(slow2, tmp_path, rank):
+def test_steps_are_aligned_by_the_collectives_they_share(slow2_aligned, tmp_path, rank):
     """ddp_gloo_4rank_slow2 with one rank's steps numbered 100 higher: the alignment maps them back
     (the three ranks that agree keep their numbers), and the stragglers, collectives and phases are
     the same as on the original."""
@@ -393,6 +405,6 @@ def test_steps_are_aligned_by_the_collectives_they_share(slow2, tmp_path, rank):
     assert list(moved["step"]) == list(range(102, 110)) and list(moved["aligned_step"]) == list(range(2, 10))
     others = al[al["rank"] != rank]
     assert (others["step"] == others["aligned_step"]).all()
-    for fn in (analyses.stragglers, analyses.collectives, analyses.phases, analyses.imbalance):
-        got, want = fn(store), fn(slow2)
+    for fn in ALIGNED_ANALYSES:
+        got, want = fn(store), slow2_aligned[fn.__name__]
         assert got.equals(want), fn.__name__

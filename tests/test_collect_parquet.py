@@ -77,11 +77,14 @@ torch = pytest.importorskip("torch", reason="torch (the 'collect' extra) is need
 from launch_util import launch  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def ddp_run(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("collect_parquet")
-    result = launch(2, ["ddp", "--run-name", "cp", "--steps", "4", "--prof-active", "2"], tmp)
-    return result.out_dir / "cp"
+@pytest.fixture
+def ddp_run(ddp2_recorded, tmp_path):
+    """A copy (the tests move and damage files) of the session's real 2-rank DDP run
+    (conftest.ddp2_recorded: the collector's defaults, so JSON traces and each rank's Parquet parts),
+    rather than a torchrun job of its own."""
+    run = tmp_path / "cp"
+    shutil.copytree(ddp2_recorded, run)
+    return run
 
 
 def test_collector_parts_equal_what_ingest_makes_from_the_json(ddp_run, tmp_path):
@@ -110,7 +113,7 @@ def test_collector_parts_equal_what_ingest_makes_from_the_json(ddp_run, tmp_path
 
 
 def test_stale_or_damaged_parts_fall_back_to_the_json_with_one_warning(ddp_run, tmp_path, caplog):
-    run = tmp_path / "cp"
+    run = tmp_path / "cp2"
     shutil.copytree(ddp_run, run)   # a copy: the parts are still valid (their signature is the JSON's content)
     ta.ingest([run], tmp_path / "ref")
     assert _used_parts(tmp_path / "ref", run)

@@ -23,7 +23,7 @@ import re
 
 import pandas as pd
 import pytest
-from conftest import EXTERNAL, ROOT, need_external
+from conftest import ROOT, external_run_name
 
 import traceanalyzer as ta
 from traceanalyzer import analyses
@@ -35,7 +35,7 @@ REL, ABS = 0.01, 0.05
 
 
 def run_name(trace_set: str) -> str:
-    return trace_set.replace(".json.gz", "").strip("/").replace("/", "__")
+    return external_run_name(trace_set)  # the runs of conftest.external_store
 
 
 def _parity_cases() -> list[tuple[str, int]]:
@@ -60,16 +60,10 @@ def check(label: str, ours, hta, problems: list) -> None:
 
 
 @pytest.fixture(scope="module")
-def con(tmp_path_factory):
-    need_external()
-    store = tmp_path_factory.mktemp("hta_parity") / "store"
-    for key, ts in REF["trace_sets"].items():
-        # a file without distributedInfo.rank gets the rank HTA gave it (HTA's own fallback is 0)
-        rank = None
-        if len(ts["ranks"]) == 1:
-            (r, rr), = ts["ranks"].items()
-            rank = int(r) if rr["distributedInfo_rank"] is None else None
-        ta.ingest([EXTERNAL / f for f in ts["files"]], store, run=run_name(key), rank=rank, workers=1)
+def con(external_store):
+    """Every trace set of REF as one run (conftest.external_store: a file without distributedInfo.rank
+    gets the rank HTA gave it; HTA's own fallback is 0)."""
+    store, _ = external_store
     connection = ta.open(store)
     connection.execute("SET enable_progress_bar = false")
     return connection

@@ -20,7 +20,7 @@ def con(tmp_path_factory):
     import traceanalyzer as ta
     d = tmp_path_factory.mktemp("pipecomm") / "store"
     for run in RUNS:
-        ta.ingest([str(TRACES / run)], str(d), run=run, progress=False, workers=2)
+        ta.ingest([str(TRACES / run)], str(d), run=run, progress=False, workers=1)  # small traces: no pool (conftest.ingest_runs)
     return ta.open(str(d))
 
 

@@ -141,16 +141,13 @@ def test_packages_import_without_torch():
 
 
 @pytest.mark.launch
-def test_collector_ingests_straight_into_a_store(tmp_path):
-    """`profile(..., store=...)`: rank 0 ingests the whole run once every rank has written it."""
+def test_collector_ingests_straight_into_a_store(ddp2_collector_store):
+    """`profile(..., store=...)`: rank 0 ingests the whole run once every rank has written it (the
+    session's ddp2 job was launched with ``--store {attempt}/store``: conftest.ddp2_recorded)."""
     import traceanalyzer as ta
-    # the store inside the attempt's folder: a retry (a rare rank abort at exit, after rank 0
-    # ingested) must not meet the failed attempt's ingest
-    res = launch(2, ["ddp", "--run-name", "direct", "--store", "{attempt}/store"], tmp_path)
-    store = res.out_dir.parent / "store"
-    con = ta.open(store)
-    assert con.execute("SELECT count(DISTINCT rank) FROM ranks WHERE run = 'direct'").fetchone()[0] == 2
-    joined = con.execute("""SELECT count(*) FROM (SELECT seq FROM comms WHERE run = 'direct' AND NOT is_p2p
-                            GROUP BY pg_name, seq HAVING count(DISTINCT rank) = 2)""").fetchone()[0]
+    con = ta.open(ddp2_collector_store)
+    assert con.execute("SELECT count(DISTINCT rank) FROM ranks WHERE run = ?", [RUN]).fetchone()[0] == 2
+    joined = con.execute("""SELECT count(*) FROM (SELECT seq FROM comms WHERE run = ? AND NOT is_p2p
+                            GROUP BY pg_name, seq HAVING count(DISTINCT rank) = 2)""", [RUN]).fetchone()[0]
     assert joined > 0
-    assert con.execute("SELECT count(*) FROM fr_entries WHERE run = 'direct'").fetchone()[0] > 0
+    assert con.execute("SELECT count(*) FROM fr_entries WHERE run = ?", [RUN]).fetchone()[0] > 0
