@@ -51,9 +51,11 @@ def test_installed_wheel_runs_the_main_job(wheel, tmp_path):
                              capture_output=True, text=True, check=True).stdout.strip()
     deps = [p for p in site.getsitepackages() + [sysconfig.get_paths()["purelib"]] if Path(p).is_dir()]
     Path(purelib, "_test_deps.pth").write_text("\n".join(dict.fromkeys(deps)) + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", str(wheel)],
-                   check=True, capture_output=True, text=True)
+    # a PYTHONPATH (a developer's checkout) would be on the new venv's path too: pip would find
+    # traceanalyzer there and install nothing
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps", str(wheel)],
+                   check=True, capture_output=True, text=True, env=env)
     env["PATH"] = f"{venv / 'bin'}:{env['PATH']}"
     cwd = tmp_path / "elsewhere"
     cwd.mkdir()
