@@ -125,7 +125,7 @@ def init_distributed(args: argparse.Namespace) -> tuple[int, int, torch.device]:
 def check_rank_flags(args: argparse.Namespace, world: int) -> None:
     """A fault aimed at a rank that does not exist would silently give a clean run."""
     for flag in ("slow_rank", "imbalance_rank", "noisy_rank"):
-        value = getattr(args, flag)
+        value = getattr(args, flag, None)
         if value is not None and not 0 <= value < world:
             raise SystemExit(f"--{flag.replace('_', '-')} {value}: not a rank of this "
                              f"{world}-rank job")
