@@ -10,6 +10,7 @@ collector's CPU samples), not a straggler of the job. The neighbour inherits the
 from __future__ import annotations
 
 import atexit
+import os
 import subprocess
 import sys
 
@@ -29,7 +30,6 @@ while os.getppid() == parent:
 def start(busy_pct: float) -> subprocess.Popen:
     """Start the neighbour on this process's cores, busy ``busy_pct`` % of the time; it is
     stopped when this process exits."""
-    import os
     if not 0 < busy_pct <= 100:
         raise SystemExit(f"--noisy-pct must be in (0, 100], got {busy_pct}")
     proc = subprocess.Popen([sys.executable, "-c", _LOOP, str(os.getpid()), str(busy_pct / 100.0), str(PERIOD_S)],
