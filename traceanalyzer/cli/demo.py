@@ -46,7 +46,9 @@ def demo(store: str, record: bool = False) -> int:
         from ..workloads.launch import launch
         tmp = Path(tempfile.mkdtemp(prefix="traceanalyzer-demo-"))
         print(f"recording a real 2-rank gloo DDP run with torchrun into {tmp} ...")
-        result = launch(2, ["ddp", "--run-name", "demo_ddp_2rank", "--steps", "6"], tmp)
+        # 8 profiled steps, as the accuracy corpus records (benchmarks/accuracy.py PROFILE): the
+        # medians over 3 steps of a shared 2-core host flagged clean runs' noise
+        result = launch(2, ["ddp", "--run-name", "demo_ddp_2rank", "--steps", "11", "--prof-active", "8"], tmp)
         sources = {"demo_ddp_2rank": result.out_dir / "demo_ddp_2rank"}
     else:
         from .. import samples
