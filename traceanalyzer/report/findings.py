@@ -37,6 +37,9 @@ EXPOSED_COMM_MIN_PCT = default("exposed_comm_min_pct")
 #: Exposed intervals listed as evidence of an exposed-communication finding (setting exposed_evidence_top).
 EXPOSED_EVIDENCE_TOP = default("exposed_evidence_top")
 
+#: Finding kinds that name a slow rank (what a what-if idealises, what slows the step).
+RANK_KINDS = ("straggler", "slow_host", "imbalance", "slow_stage")
+
 #: Which cause wins when one rank is flagged by several analyses (higher = more specific).
 _SPECIFICITY = {"straggler": 0, "imbalance": 1, "slow_stage": 2}
 

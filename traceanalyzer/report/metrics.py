@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from ..errors import TraceAnalyzerError
-from .findings import Finding, exposed_comm_per_step, median_step_ns
+from .findings import RANK_KINDS, Finding, exposed_comm_per_step, median_step_ns
 from .load import RunData
 
 #: The what-if slowdown is capped here: a "recoverable" time close to the whole step would divide by ~0.
@@ -41,9 +41,6 @@ METRICS = {
     "findings": "number of findings",
 }
 
-_RANK_KINDS = {"straggler", "slow_host", "imbalance", "slow_stage"}
-
-
 def _f(v) -> float | None:
     return None if v is None or pd.isna(v) else float(v)
 
@@ -56,7 +53,7 @@ def _largest(findings: list[Finding], kind: str) -> float:
 def run_metrics(data: RunData, findings: list[Finding]) -> dict:
     step_ns = median_step_ns(data)
     pct = (lambda ns: 100.0 * ns / step_ns) if step_ns and not np.isnan(step_ns) else (lambda ns: None)
-    waste = sum(f.recoverable_ns_per_step for f in findings if f.kind in _RANK_KINDS)
+    waste = sum(f.recoverable_ns_per_step for f in findings if f.kind in RANK_KINDS)
     slowdown = None
     if step_ns and not np.isnan(step_ns):
         ideal = step_ns - waste

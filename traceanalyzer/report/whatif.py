@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..analyses.params import default as _default
-from .findings import Finding, median_step_ns, ms, pct_of
+from .findings import RANK_KINDS, Finding, median_step_ns, ms, pct_of
 from .load import RunData
 
 #: At most this many rank findings (largest estimate first) are replayed; the others keep their
@@ -47,7 +47,7 @@ REPLAY_MIN_PCT = _default("replay_min_pct")
 REPLAY_MAX_EVENTS = _default("replay_max_events")
 
 #: Finding kinds a what-if applies to (the ones that name a rank).
-REPLAY_KINDS = ("straggler", "slow_host", "imbalance", "slow_stage", "structural")
+REPLAY_KINDS = RANK_KINDS + ("structural",)
 
 
 @dataclass

@@ -38,7 +38,7 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
                         "would name a region (default: the sleep is not annotated)")
     p.add_argument("--noisy-rank", type=int, default=None,
                    help="rank whose CPU core is shared with a busy process (a noisy neighbour: a slow host)")
-    p.add_argument("--noisy-pct", type=float, default=50.0,
+    p.add_argument("--noisy-pct", type=neighbour.pct_arg, default=50.0,
                    help="how busy the --noisy-rank neighbour keeps the core, %% of the time")
     p.add_argument("--imbalance-rank", type=int, default=None,
                    help="rank given more work than the others (what 'more' is depends on the workload)")

@@ -9,6 +9,7 @@ collector's CPU samples), not a straggler of the job. The neighbour inherits the
 """
 from __future__ import annotations
 
+import argparse
 import atexit
 import os
 import subprocess
@@ -27,11 +28,17 @@ while os.getppid() == parent:
 """
 
 
+def pct_arg(text: str) -> float:
+    """``--noisy-pct``: a share of the core in (0, 100], refused by argparse on every rank."""
+    value = float(text)
+    if not 0 < value <= 100:
+        raise argparse.ArgumentTypeError(f"must be in (0, 100], got {text}")
+    return value
+
+
 def start(busy_pct: float) -> subprocess.Popen:
     """Start the neighbour on this process's cores, busy ``busy_pct`` % of the time; it is
     stopped when this process exits."""
-    if not 0 < busy_pct <= 100:
-        raise SystemExit(f"--noisy-pct must be in (0, 100], got {busy_pct}")
     proc = subprocess.Popen([sys.executable, "-c", _LOOP, str(os.getpid()), str(busy_pct / 100.0), str(PERIOD_S)],
                             stdin=subprocess.DEVNULL)
     atexit.register(proc.kill)
