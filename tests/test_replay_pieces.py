@@ -13,7 +13,7 @@ import pytest
 from conftest import TRACES, ingest_runs
 
 RUNS = ["ddp_gloo_4rank", "ddp_gloo_cuda_2rank_slow1", "pp_1f1b_2rank_m4"]
-_ARRAYS = ("ms", "me", "dur", "lane", "rank", "kind", "label", "category", "inst", "rel", "ptr", "src", "lag",
+_ARRAYS = ("ms", "me", "dur", "child", "lane", "rank", "kind", "label", "category", "inst", "rel", "ptr", "src", "lag",
            "is_lane_edge", "order")
 
 

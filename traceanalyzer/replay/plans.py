@@ -112,7 +112,7 @@ def _name_mask(g: Graph, pattern) -> np.ndarray:
     return ok[g.label] if len(ok) else np.zeros(g.n, bool)
 
 
-def typical_durations(g: Graph, reference: np.ndarray | None = None) -> np.ndarray:
+def typical_durations(g: Graph, reference: np.ndarray | None = None, roles: bool = True) -> np.ndarray:
     """Per node, the typical duration: compute = mean over ranks of the same operation (lane
     ordinal within the rank, name, k-th occurrence on that lane); communication = median over the
     members of the same collective / p2p instance of their own time after the last arrival.
@@ -129,22 +129,42 @@ def typical_durations(g: Graph, reference: np.ndarray | None = None) -> np.ndarr
     :func:`_operation_keys`): the same name with its numbers blanked ("Forward 3" and "Forward 5"
     are the same kind of work: a pipeline stage's micro-batch annotations are numbered per rank) at
     the same occurrence, then the median of that name on that lane type over every occurrence. Only
-    work no reference rank did at all keeps its own duration (the last stage's loss, say: its role)."""
+    work no reference rank did at all keeps its own duration (the last stage's loss, say: its role).
+
+    ``roles`` (a pipeline): a rank's operations are compared only with the reference ranks that
+    hold the same stages (its replicas in the other data-parallel groups, :func:`_rank_roles`):
+    another stage runs other layers, so its k-th ``aten::linear`` is not this one's. A stage no
+    reference rank holds keeps the part of each operation its nested events cover (nothing else did
+    that work: the last stage's head and loss) and takes, for the rest of it (``g.dur - g.child``: an
+    unannotated sleep inside a "Forward" range, Python between ops), the typical of that own time
+    over every reference rank, never longer; its host gaps -- a sleep, a wait for a core, not its
+    role -- are compared with every reference rank too."""
     is_ref = _reference_mask(g, reference)
-    typ = np.full(g.n, np.nan)
-    for level, (key, n_keys) in enumerate(_operation_keys(g)):
-        todo = np.isnan(typ)
-        if not todo.any():
-            break
-        if level < 2:   # mean over the reference ranks of each operation (int64 ns sums are exact in float64)
-            cnt = np.bincount(key[is_ref], minlength=n_keys)
-            tot = np.bincount(key[is_ref], weights=g.dur[is_ref].astype(np.float64), minlength=n_keys)
-            with np.errstate(invalid="ignore", divide="ignore"):
-                per_key = tot / cnt
-        else:           # any occurrence: the median (robust to the few long ones)
-            per_key = pd.Series(g.dur[is_ref].astype(np.float64)).groupby(key[is_ref]).median() \
-                .reindex(range(n_keys)).to_numpy()
-        typ[todo] = per_key[key[todo]]
+    keys = _operation_keys(g)
+    typ = _mean_by_keys(g, is_ref, keys)
+    role = _rank_roles(g) if roles else None
+    if role is not None:
+        node_role = np.where(g.rank >= 0, role[np.clip(g.rank, 0, len(role) - 1)], -1)
+        by_role = _mean_by_keys(g, is_ref, keys, node_role, int(role.max()) + 1)
+        comp = np.isin(g.kind, [OP, KERNEL])
+        # a gap is compared within its role only where a reference rank other than its own holds
+        # that role (a stage with no replica: with every other reference rank)
+        ref_rank = np.asarray(reference, bool) if reference is not None else np.ones(len(role), bool)
+        n = min(len(role), len(ref_rank))
+        refs_in_role = np.bincount(role[:n][ref_rank[:n] & (role[:n] >= 0)], minlength=int(role.max()) + 1)
+        own_ref = is_ref.astype(np.int64)
+        peers = np.where(node_role >= 0, refs_in_role[np.maximum(node_role, 0)] - own_ref, 0) > 0
+        # an op of a stage no other reference rank holds: what nested events cover stays (its role: the
+        # last stage's head and loss), its own time outside them (a sleep inside a "Forward" range)
+        # takes the typical own time of that op over every reference rank, never longer
+        alone = comp & ~peers & (g.kind == OP)
+        own = g.dur - g.child
+        # (by the names with their numbers blanked: a stage's ranges carry its stage and micro-batch
+        # numbers -- "PP:1F3" -- so the exact name matches only the rank itself)
+        self_typ = _mean_by_keys(g, is_ref, keys, values=own, first_level=1)
+        alone_typ = g.child + np.fmin(own, np.where(np.isnan(self_typ), own, self_typ))
+        typ = np.where(comp | (peers & ~np.isnan(by_role)), by_role, typ)   # compute: its role's or its own (NaN)
+        typ = np.where(alone, alone_typ, typ)
     typ = np.rint(np.where(np.isnan(typ), g.dur, typ)).astype(np.int64)
     is_gap = g.kind == GAP
     out = np.where(np.isin(g.kind, [OP, KERNEL]), typ, g.dur)
@@ -171,6 +191,48 @@ def typical_durations(g: Graph, reference: np.ndarray | None = None) -> np.ndarr
         # never longer than the member's own (gloo's members finish at different times by design)
         typ_member = np.fmin(med, member.to_numpy())
         out[pi] = np.rint(share * typ_member).astype(np.int64)
+    return out
+
+
+def _mean_by_keys(g: Graph, is_ref: np.ndarray, keys, group: np.ndarray | None = None,
+                  n_groups: int = 1, values: np.ndarray | None = None, first_level: int = 0) -> np.ndarray:
+    """Per node, the typical ``values`` (default: durations) over the reference nodes of its key
+    (finest key first; NaN where no reference node has any of its keys); ``group`` (per node, >= 0)
+    splits every key further (a node is then compared only within its group; a node of group -1
+    gets NaN); ``first_level``: the finest key used (1: names with their numbers blanked)."""
+    vals = (g.dur if values is None else values).astype(np.float64)
+    typ = np.full(g.n, np.nan)
+    ok = np.ones(g.n, bool) if group is None else group >= 0
+    ref = is_ref & ok
+    for level, (key, n_keys) in enumerate(keys[first_level:], start=first_level):
+        todo = np.isnan(typ) & ok
+        if not todo.any():
+            break
+        if group is not None:
+            key, n_keys = key * n_groups + np.maximum(group, 0), n_keys * n_groups
+        if level < 2:   # mean over the reference ranks of each operation (int64 ns sums are exact in float64)
+            cnt = np.bincount(key[ref], minlength=n_keys)
+            tot = np.bincount(key[ref], weights=vals[ref], minlength=n_keys)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                per_key = tot / cnt
+        else:           # any occurrence: the median (robust to the few long ones)
+            per_key = pd.Series(vals[ref]).groupby(key[ref]).median() \
+                .reindex(range(n_keys)).to_numpy()
+        typ[todo] = per_key[key[todo]]
+    return typ
+
+
+def _rank_roles(g: Graph) -> np.ndarray | None:
+    """Per rank (indexed by rank), a code of its role in a pipeline: the set of stages it holds
+    (ranks with the same code are replicas of each other: the same layers); -1 for a rank that
+    holds none. None when the run is not a pipeline (every rank does the same work)."""
+    st = g.stages
+    if st is None or st.empty or st["stage"].nunique() < 2:
+        return None
+    sets = st.groupby("rank")["stage"].apply(lambda s: tuple(sorted(s.astype(int))))
+    codes = pd.factorize(sets)[0]
+    out = np.full(max(int(g.rank.max()), int(sets.index.max())) + 1, -1, np.int64)
+    out[sets.index.to_numpy(int)] = codes
     return out
 
 
@@ -205,25 +267,6 @@ def _operation_keys(g: Graph) -> list[tuple[np.ndarray, int]]:
     return g.cache["operation_keys"]
 
 
-def _same_stage_references(g: Graph, ranks, others: np.ndarray) -> list[tuple[np.ndarray, list]]:
-    """For the idealised ``ranks`` of a pipeline run with replicas: per stage, (a per-rank mask of
-    the ranks not idealised that hold that stage, the idealised ranks holding it); stages without
-    such a peer are left out (they keep the reference of every rank not idealised)."""
-    st = g.stages
-    if st is None or st.empty:
-        return []
-    stage_of = dict(zip(st["rank"].astype(int), st["stage"].astype(int)))
-    out = []
-    for stage in sorted({stage_of[r] for r in ranks if r in stage_of}):
-        peers = np.zeros(len(others), bool)
-        for r, s in stage_of.items():
-            if s == stage and 0 <= r < len(others) and others[r]:
-                peers[r] = True
-        if peers.any():
-            out.append((peers, [r for r in ranks if stage_of.get(r) == stage]))
-    return out
-
-
 def _reference_mask(g: Graph, reference) -> np.ndarray:
     """Per node: does its rank belong to the reference ranks (all ranks when None)?"""
     if reference is None:
@@ -249,16 +292,18 @@ def apply_plan(g: Graph, plan: dict, typical: np.ndarray | None = None) -> np.nd
                 ref = np.ones(n_ranks, bool)
                 ref[[r for r in ranks if 0 <= r < n_ranks]] = False
                 # a pipeline stage is compared with the ranks holding the same stage (its data-parallel
-                # peers in the other replicas) where there are any: the other stages do other work
-                by_stage = _same_stage_references(g, ranks, ref)
-                with_peers = {r for _, own in by_stage for r in own}
-                typ = typical_durations(g, reference=ref) if set(ranks) - with_peers else g.dur
-                for peers, own in by_stage:
-                    typ = np.where(_rank_mask(g, own), typical_durations(g, reference=peers), typ)
+                # peers in the other replicas; typical_durations' roles): the other stages do other work
+                typ = typical_durations(g, reference=ref)
                 # ranks whose reference does the same work (not a pipeline; a stage's data-parallel
                 # peers) take the reference's durations as they are
-                pipeline = g.stages is not None and not g.stages.empty
-                same_role = _rank_mask(g, sorted(with_peers)) if pipeline else np.ones(g.n, bool)
+                role = _rank_roles(g)
+                if role is None:
+                    same_role = np.ones(g.n, bool)
+                else:
+                    n = min(len(role), len(ref))
+                    with_peers = [r for r in ranks if 0 <= r < n and role[r] >= 0
+                                  and (ref[:n] & (role[:n] == role[r])).any()]
+                    same_role = _rank_mask(g, with_peers)
             else:
                 if typical is None:
                     typical = typical_durations(g)

@@ -14,7 +14,7 @@ import pyarrow.compute as pc
 from ...errors import TraceAnalyzerError
 from .._jit import repair_kernel
 from .load import Scratch
-from .model import ARRIVE, NO_REL, POST, SYNC, WAIT, Graph
+from .model import ARRIVE, NO_REL, OP, POST, SYNC, WAIT, Graph
 
 
 def _np(col) -> np.ndarray:
@@ -93,7 +93,7 @@ def step_tables(s: Scratch):
 
 def assemble(run: str, nd, edges, waits, posts, lanes, st, work, instances) -> Graph:
     """The Graph from the node table ``nd`` (Arrow: node, lane, rank, ms, me, kind, label, category,
-    inst), the cross edges (src, dst), the waits (first, tgt, src), the CPU-lane POST ranges (lo, hi,
+    inst, child), the cross edges (src, dst), the waits (first, tgt, src), the CPU-lane POST ranges (lo, hi,
     inst) as int64 arrays, and the lanes, step and instance tables (DataFrames)."""
     n = nd.num_rows
     node = _np(nd["node"])
@@ -123,7 +123,9 @@ def assemble(run: str, nd, edges, waits, posts, lanes, st, work, instances) -> G
     lag, rel = _fit_lags(ms, dur, ptr, src)
     label, labels = _codes(nd["label"])
     category, categories = _codes(nd["category"], override=(kind == WAIT, "wait"))
-    return Graph(run=run, ms=ms, me=me, dur=dur, lane=lane, rank=_np(nd["rank"]).astype(np.int32),
+    child = np.minimum(_np(nd["child"]), np.maximum(dur, 0)) if "child" in nd.column_names else np.zeros(n, np.int64)
+    child[kind != OP] = 0
+    return Graph(run=run, ms=ms, me=me, dur=dur, child=child, lane=lane, rank=_np(nd["rank"]).astype(np.int32),
                  kind=kind, label=label, category=category, inst=inst, rel=rel, ptr=ptr, src=src, lag=lag,
                  is_lane_edge=is_lane, order=topo_order(ms, kind, src, n, is_lane, ptr), labels=labels,
                  categories=categories, lanes=lanes, steps=_steps(st, work), instances=instances)

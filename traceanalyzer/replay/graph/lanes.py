@@ -12,8 +12,9 @@ Tables made (on top of load.py's):
 * ``pt``     lane, rank, tid, t, k, np, base: the k-th of a CPU lane's np cut points; the node that
              ends at t is base + k - 1 (k >= 1), the one that starts at t is base + k (k < np - 1)
 * ``lanes``  lane, rank, tid, is_gpu, type ('cpu', 'gpu', 'runloop')
-* ``nd``     node, lane, rank, ms, me, kind, label, category, inst, event_id, comm_id (nodes in
-             lane order: CPU lanes, queue lanes, then the SYNC nodes by instance)
+* ``nd``     node, lane, rank, ms, me, kind, label, category, inst, event_id, comm_id, child (nodes in
+             lane order: CPU lanes, queue lanes, then the SYNC nodes by instance; ``child``: the
+             time of an OP node covered by events nested in it)
 """
 from __future__ import annotations
 
@@ -93,16 +94,23 @@ b AS (SELECT lane, coalesce(sum(np - 1) OVER (ORDER BY lane ROWS BETWEEN UNBOUND
              AS base FROM (SELECT lane, any_value(np) AS np FROM k GROUP BY lane))
 SELECT k.*, b.base FROM k JOIN b USING (lane)"""
 
+# ``child``: the node's time covered by events nested in its top-level work (load.py's ``kids``:
+# covered time up to me less that up to ms; 0 outside pipelines)
 _CPU_NODES = """
 WITH s AS (SELECT lane, rank, tid, base + k AS node, t AS ms,
-                  lead(t) OVER (PARTITION BY lane ORDER BY k) AS me FROM {pt})
-SELECT s.node, s.lane, s.rank, s.tid, s.ms, s.me,
-       CASE WHEN s.ms < t."end" THEN $OP ELSE $GAP END AS kind,
-       CASE WHEN s.ms < t."end" THEN t.name ELSE '(gap)' END AS label,
-       CASE WHEN s.ms < t."end" THEN t.kind ELSE 'gap' END AS category,
-       -1 AS inst, -1 AS event_id, -1 AS comm_id
-FROM s ASOF LEFT JOIN {tops} t ON t.rank = s.rank AND t.tid = s.tid AND s.ms >= t.start
-WHERE s.me IS NOT NULL"""
+                  lead(t) OVER (PARTITION BY lane ORDER BY k) AS me FROM {pt}),
+n AS (
+    SELECT s.node, s.lane, s.rank, s.tid, s.ms, s.me,
+           CASE WHEN s.ms < t."end" THEN $OP ELSE $GAP END AS kind,
+           CASE WHEN s.ms < t."end" THEN t.name ELSE '(gap)' END AS label,
+           CASE WHEN s.ms < t."end" THEN t.kind ELSE 'gap' END AS category,
+           -1 AS inst, -1 AS event_id, -1 AS comm_id
+    FROM s ASOF LEFT JOIN {tops} t ON t.rank = s.rank AND t.tid = s.tid AND s.ms >= t.start
+    WHERE s.me IS NOT NULL)
+SELECT n.*, CASE WHEN n.kind = $OP THEN coalesce(e.before + least(n.me, e.b) - e.a, 0)
+                                        - coalesce(b.before + least(n.ms, b.b) - b.a, 0) ELSE 0 END AS child
+FROM n ASOF LEFT JOIN {kids} e ON e.rank = n.rank AND e.tid = n.tid AND n.me >= e.a
+       ASOF LEFT JOIN {kids} b ON b.rank = n.rank AND b.tid = n.tid AND n.ms >= b.a"""
 
 _QUEUE_THREADS = """
 WITH g AS (SELECT DISTINCT rank, tid FROM {ev} WHERE is_gpu),
@@ -127,12 +135,12 @@ WITH x AS (
 q AS (SELECT rank, tid, $n_cpu_lanes + row_number() OVER (ORDER BY rank, tid) - 1 AS lane
       FROM (SELECT DISTINCT rank, tid FROM x))
 SELECT $n_cpu_nodes + row_number() OVER (ORDER BY q.lane, x.ms, x.post, x.part, x.seq) - 1 AS node, q.lane, x.rank, x.tid,
-       x.ms, x.me, x.kind, x.label, x.category, x.inst, x.event_id, x.comm_id
+       x.ms, x.me, x.kind, x.label, x.category, x.inst, x.event_id, x.comm_id, 0 AS child
 FROM x JOIN q ON q.rank = x.rank AND q.tid = x.tid"""
 
 _SYNC_NODES = """
 SELECT $n_lane_nodes + inst AS node, -1 AS lane, -1 AS rank, -1 AS tid, last_arrival AS ms, last_arrival AS me, $SYNC AS kind,
-       op AS label, 'sync' AS category, inst, -1 AS event_id, -1 AS comm_id
+       op AS label, 'sync' AS category, inst, -1 AS event_id, -1 AS comm_id, 0 AS child
 FROM {inst}"""
 
 
@@ -157,7 +165,8 @@ def make_lanes(s: Scratch, sync_base: int | None = None) -> None:
     n_q = s.scalar("SELECT count(*) FROM {queue_nodes}")
     s.params["n_lane_nodes"] = n_cpu_nodes + n_q if sync_base is None else sync_base
     sync = "" if sync_base is not None else f"UNION ALL ({_SYNC_NODES})"
-    s.make("nd", f"SELECT node, lane, rank, tid, ms, greatest(me, ms) AS me, kind, label, category, inst, event_id, comm_id "
+    s.make("nd", f"SELECT node, lane, rank, tid, ms, greatest(me, ms) AS me, kind, label, category, inst, event_id, comm_id, "
+                 f"greatest(child, 0) AS child "
                  f"FROM (SELECT * FROM {{cpu_nodes}} UNION ALL SELECT * FROM {{queue_nodes}} "
                  f"{sync}) ORDER BY node")      # kept in node order: read back as it is
     s.make("lanes", """

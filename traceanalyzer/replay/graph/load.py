@@ -21,6 +21,8 @@ Tables made (columns):
 * ``tops``   the top-level work of each CPU thread: intervals merged over its events in (start,
              longest first, event id) order (the rule events.nested is made by), named after the
              first event; ``nxt`` is the next interval's start
+* ``kids``   rank, tid, a, b, before: the islands of the events nested in each CPU thread's top-level
+             work, with the island time before each (pipelines only; ``_KIDS``)
 * ``st``     steps (rank, step, start, end, dur_ns) and ``main`` (the thread recording ProfilerStep)
 """
 from __future__ import annotations
@@ -185,6 +187,37 @@ t AS (
     FROM i GROUP BY rank, tid, island)
 SELECT *, lead(start) OVER (PARTITION BY rank, tid ORDER BY start) AS nxt FROM t"""
 
+# how much of a thread's top-level work its nested events cover (pipelines only, ``$with_kids``):
+# the islands of the events inside a top-level event (in the thread's (start, longest first, event
+# id) order: an event that starts before the latest end before it), each with the island time before
+# it on the thread (``before``), so the covered time up to t is before + min(t, b) - a of the last
+# island starting at or before t. A top-level node's own ("self") time -- not covered by any nested
+# event: an unannotated sleep inside a "Forward" range, Python between ops -- is its time less that
+_KIDS = """
+WITH e AS (
+    SELECT e.rank::BIGINT AS rank, coalesce(e.tid, 0) AS tid, e.ts_ns + coalesce(o.off, 0) AS ts,
+           e.ts_ns + coalesce(o.off, 0) + coalesce(e.dur_ns, 0) AS te, coalesce(e.dur_ns, 0) AS dur, e.event_id
+    FROM events e LEFT JOIN {off} o ON o.rank = e.rank
+    WHERE e.run = $run AND $with_kids AND e.ph = 'X' AND NOT coalesce(e.is_gpu, false)
+      AND e.kind NOT IN ('instant', 'gpu_annotation', 'step')
+      AND NOT (e.kind = 'other' AND e.name LIKE 'PyTorch Profiler%')
+      AND (e.rank, coalesce(e.tid, 0)) IN (SELECT rank, tid FROM {cpu})
+      -- a lazily waited p2p span is no top-level work (_TOPS): it covers the thread's next work
+      AND (e.rank, e.event_id) NOT IN (SELECT rank, exec_event_id FROM {lazy})),
+w AS (SELECT *, max(te) OVER (PARTITION BY rank, tid ORDER BY ts, dur DESC, event_id
+                              ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_max FROM e),
+k AS (SELECT rank, tid, ts, te, dur, event_id,
+             max(te) OVER (PARTITION BY rank, tid ORDER BY ts, dur DESC, event_id
+                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS pm
+      FROM w WHERE ts < prev_max),
+i AS (SELECT *, sum(CASE WHEN pm IS NULL OR ts >= pm THEN 1 ELSE 0 END)
+                OVER (PARTITION BY rank, tid ORDER BY ts, dur DESC, event_id ROWS UNBOUNDED PRECEDING) AS island
+      FROM k),
+j AS (SELECT rank, tid, min(ts) AS a, max(te) AS b FROM i GROUP BY rank, tid, island)
+SELECT rank, tid, a, b, coalesce(sum(b - a) OVER (PARTITION BY rank, tid ORDER BY a
+                                                  ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0) AS before
+FROM j"""
+
 _STEPS = """
 SELECT s.rank::BIGINT AS rank, s.step, s.start_ts_ns + coalesce(o.off, 0) AS start,
        s.end_ts_ns + coalesce(o.off, 0) AS "end", s.dur_ns
@@ -221,6 +254,9 @@ def load_ranks(s: Scratch) -> None:
     s.make("lazy", "SELECT rank, lazy_tid AS tid, exec_event_id FROM {cm} WHERE lazy")
     s.make("cpu", _CPU_THREADS)
     s.make("tops", _TOPS)
+    # a pipeline's idealise compares a stage's own time inside its ops with the other stages' (plans.py)
+    s.params["with_kids"] = bool(s.scalar("SELECT count(*) > 0 FROM {cm} WHERE is_p2p"))
+    s.make("kids", _KIDS)
     s.make("lazy_bounds", _LAZY_BOUNDS)
     s.make("launch", _LAUNCHES.replace("{members}", "IN"))
     s.make("st", _STEPS)

@@ -41,6 +41,7 @@ class Graph:
     ms: np.ndarray          # recorded start (clock-aligned), ns
     me: np.ndarray          # recorded end, ns
     dur: np.ndarray         # modelled duration (identity), ns
+    child: np.ndarray       # of an OP node's duration, the time nested events cover, ns (0: none, or not a pipeline)
     lane: np.ndarray        # lane id (-1: virtual)
     rank: np.ndarray
     kind: np.ndarray        # OP, GAP, WAIT, KERNEL, ARRIVE, POST, SYNC

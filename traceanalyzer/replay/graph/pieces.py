@@ -51,7 +51,7 @@ from .load import Scratch, load_comms, load_ranks
 from .model import PIPELINE_VIEWS, SYNC
 
 #: bump when the layout of the saved pieces changes (part of the key)
-FORMAT = 1
+FORMAT = 2
 #: manifest key of the saved pieces (store/files.py lists their files with the summaries')
 ENTRY = "replay_graph"
 #: folder of the pieces in the store
@@ -60,7 +60,7 @@ FOLDER = "_summaries/replay_graph"
 SYNC_BASE = 1 << 40
 #: the tables of a piece
 TABLES = ("nodes", "edges", "waits", "posts", "lanes", "steps", "work")
-_NODE_COLS = "node, lane, rank, ms, me, kind, label, category, inst"
+_NODE_COLS = "node, lane, rank, ms, me, kind, label, category, inst, child"
 _SOURCES = ("load.py", "lanes.py", "edges.py", "finish.py", "model.py", "pieces.py")
 
 
@@ -184,7 +184,7 @@ def stitch(run: str, chunks: list[dict], read, s: Scratch):
         wk["nodes"] = [nodes_of(i, x) for x in wk["nodes"]]
         work.append(wk)
     sync = s.arrow(f"SELECT -1 AS lane, -1 AS rank, last_arrival AS ms, last_arrival AS me, {SYNC} AS kind, op AS label, "
-                   f"'sync' AS category, inst FROM {{inst}} ORDER BY inst")
+                   f"'sync' AS category, inst, 0 AS child FROM {{inst}} ORDER BY inst")
     parts = cpu_parts + q_parts
     if parts:   # the one-connection build's node order: every CPU node, every queue node, the SYNC nodes
         schema = parts[0].schema

@@ -67,7 +67,8 @@ class GraphSpec:
                                      "check the schedule and micro-batch count") from None
         zeros = np.zeros(n, dtype=np.int64)
         kind = np.asarray(self.kind, dtype=np.int8)[pos]
-        g = Graph(run=self.run, ms=zeros, me=zeros.copy(), dur=np.asarray(self.dur, dtype=np.int64)[pos], lane=lane_g,
+        g = Graph(run=self.run, ms=zeros, me=zeros.copy(), dur=np.asarray(self.dur, dtype=np.int64)[pos],
+                  child=zeros.copy(), lane=lane_g,
                   rank=np.asarray(self.rank, dtype=np.int32)[pos], kind=kind, label=np.zeros(n, np.int32),
                   category=np.zeros(n, np.int32), inst=np.full(n, -1, np.int64), rel=rel, ptr=ptr, src=src,
                   lag=np.zeros(len(src), np.int64), is_lane_edge=is_lane, order=order, labels=[what],
