@@ -156,3 +156,35 @@ def test_no_schedstat_means_no_samples_and_says_why(monkeypatch, tmp_path):
     assert not s.write(tmp_path / "rank0.cpu_sched.json", 0) and not (tmp_path / "rank0.cpu_sched.json").exists()
     m = s.summary(None)
     assert m["n_samples"] == 0 and m["file"] is None and "schedstat" in m["unavailable"]
+
+
+def test_slow_host_counts_the_wait_of_the_rank_s_other_threads():
+    """A clean 2-rank DDP recording beside two busy loops (session 20): rank 0's training thread ran
+    1.85 ms more CPU and waited 3.06 ms more for a core per step than rank 1's -- 74 % of its 6.6 ms
+    slower backward, so it stayed a straggler -- while its process's threads (gloo's runloop
+    threads run its all_reduce) waited 7.71 ms more. With that wait the host covers the lateness: a
+    slow host, not a straggler. Without the process's wait (a manifest from before it was kept) the
+    rule is the training thread's alone."""
+    import pandas as pd
+
+    from traceanalyzer.report.findings import Finding, _slow_hosts
+    host = pd.DataFrame({"rank": [0, 1], "run_ns_per_step": [8.38e6, 6.53e6], "peers_run_ns_per_step": [6.53e6, 8.38e6],
+                         "wait_ns_per_step": [7.81e6, 4.75e6], "peers_wait_ns_per_step": [4.75e6, 7.81e6],
+                         "proc_wait_ns_per_step": [21.96e6, 14.25e6], "peers_proc_wait_ns_per_step": [14.25e6, 21.96e6]})
+    tables = {"imbalance": pd.DataFrame({"rank": [0, 1], "same_work": [True, True]}),
+              "stragglers": pd.DataFrame({"rank": [0], "phase_excess_ns_per_step": [6.6e6]})}
+
+    class Data:
+        params: dict = {}
+
+        def r(self, name):
+            return tables[name]
+
+    for proc, kind in ((True, "slow_host"), (False, "straggler")):
+        tables["host_cpu"] = host if proc else host.drop(columns=["proc_wait_ns_per_step", "peers_proc_wait_ns_per_step"])
+        f = Finding(kind="straggler", title="Straggler: rank 0", recoverable_ns_per_step=2.8e6, recoverable_pct=14.0,
+                    summary="", rank=0)
+        _slow_hosts(Data(), [f])
+        assert f.kind == kind, proc
+        if proc:   # (1.85 + 7.71) / 6.6
+            assert "+7.71 ms" in f.evidence[0] and "cover 145%" in f.evidence[0], f.evidence

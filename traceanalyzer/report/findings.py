@@ -414,7 +414,8 @@ def _add_cpu_wait(data: RunData, found: list[Finding]) -> None:
 def _slow_hosts(data: RunData, found: list[Finding]) -> None:
     """A straggler that ran the same operations on the same input shapes as its peers (work.sql)
     and whose extra CPU time plus extra wait for a core per step (host_cpu.sql: its training
-    thread's, beyond its peers' medians) covers at least ``straggler_host_min_pct`` of the phase it
+    thread's CPU time, and the larger of its training thread's and its whole process's wait, beyond
+    its peers' medians) covers at least ``straggler_host_min_pct`` of the phase it
     was slower in is late because of its host -- a slower or shared core -- not because of the job:
     its kind becomes ``slow_host`` (what to fix is the host: pinning, isolation, a node), the wait
     it imposes stays its recoverable time. Unknown (no samples, no work comparison): a straggler."""
@@ -430,6 +431,11 @@ def _slow_hosts(data: RunData, found: list[Finding]) -> None:
         h = hosts.loc[f.rank]
         extra_run = h["run_ns_per_step"] - h["peers_run_ns_per_step"]
         extra_wait = h["wait_ns_per_step"] - h["peers_wait_ns_per_step"]
+        # its other threads' wait counts too (gloo's runloop threads run its collectives, OpenMP its
+        # kernels: while they wait for a core the training thread sits idle, neither running nor waiting)
+        extra_proc = h.get("proc_wait_ns_per_step", np.nan) - h.get("peers_proc_wait_ns_per_step", np.nan)
+        if pd.notna(extra_wait) and pd.notna(extra_proc):
+            extra_wait = max(extra_wait, extra_proc)
         ex = float(excess[f.rank])
         if not (same.get(f.rank) is True or same.get(f.rank) == 1) or pd.isna(extra_run) or pd.isna(extra_wait) \
                 or not ex > 0 or not 100.0 * (extra_run + extra_wait) >= min_pct * ex:
@@ -440,7 +446,7 @@ def _slow_hosts(data: RunData, found: list[Finding]) -> None:
             parts.append(f"ran the same work {100.0 * extra_run / h['peers_run_ns_per_step']:.0f}% slower "
                          f"(+{ms(extra_run)} of CPU per step)")
         if extra_wait > 0:
-            parts.append(f"kept it waiting {ms(extra_wait)} more per step for a core")
+            parts.append(f"kept its threads waiting {ms(extra_wait)} more per step for a core")
         f.kind, f.title = "slow_host", f"{_TITLES['slow_host']}: rank {f.rank}"
         f.summary = (f"rank {f.rank}'s host {' and '.join(parts)}; its peers wait for it "
                      f"{ms(f.estimate_ns_per_step or f.recoverable_ns_per_step)} per step")

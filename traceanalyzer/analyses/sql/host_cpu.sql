@@ -43,7 +43,9 @@ WHERE s.next_step = s.step + 1;
 -- host), steps, step_ns_per_step, wait_ns_per_step, wait_pct, proc_wait_ns_per_step,
 -- peers_wait_ns_per_step (median over the run's other ranks of their wait_ns_per_step; NULL: no
 -- peer), contended (wait_pct >= host_cpu_wait_min_pct), run_ns_per_step (the training thread's CPU
--- time: what its work cost on its core), peers_run_ns_per_step (their median). A rank that runs the
+-- time: what its work cost on its core), peers_run_ns_per_step (their median), peers_proc_wait_ns_per_step
+-- (the median of the others' proc_wait_ns_per_step: a rank whose gloo or OpenMP threads waited for a
+-- core runs its collectives and kernels late with its training thread idle). A rank that runs the
 -- same work as its peers with more CPU time was slowed by its host (a slower or shared core, cache);
 -- one whose extra step time is neither run nor wait was off the CPU (a sleep, I/O, a lock).
 CREATE OR REPLACE TEMP VIEW host_cpu_ranks AS
@@ -61,5 +63,6 @@ SELECT p.run, p.rank, p.host, p.cores, p.cpu_count, count(*) OVER (PARTITION BY 
        p.steps, p.step_ns_per_step, p.wait_ns_per_step, p.wait_pct, p.proc_wait_ns_per_step,
        (SELECT median(o.wait_ns_per_step) FROM per_rank o WHERE o.run = p.run AND o.rank <> p.rank) AS peers_wait_ns_per_step,
        p.wait_pct >= getvariable('host_cpu_wait_min_pct') AS contended, p.run_ns_per_step,
-       (SELECT median(o.run_ns_per_step) FROM per_rank o WHERE o.run = p.run AND o.rank <> p.rank) AS peers_run_ns_per_step
+       (SELECT median(o.run_ns_per_step) FROM per_rank o WHERE o.run = p.run AND o.rank <> p.rank) AS peers_run_ns_per_step,
+       (SELECT median(o.proc_wait_ns_per_step) FROM per_rank o WHERE o.run = p.run AND o.rank <> p.rank) AS peers_proc_wait_ns_per_step
 FROM per_rank p;
