@@ -188,3 +188,30 @@ def test_slow_host_counts_the_wait_of_the_rank_s_other_threads():
         assert f.kind == kind, proc
         if proc:   # (1.85 + 7.71) / 6.6
             assert "+7.71 ms" in f.evidence[0] and "cover 145%" in f.evidence[0], f.evidence
+
+
+def test_a_slow_stage_its_wait_for_a_core_explains_is_a_slow_host():
+    """A clean 2 x 2 PP x DP recording (session 20): stage 1 on rank 3 spent 2.13 ms more of its own
+    time per step than the other stages -- a slow stage by the threshold -- while its threads waited
+    6.91 ms per step for a core against its peers' 0.63: its host, not its stage. A slow stage whose
+    rank waited no longer than its peers (a sleep: a sleeping rank gives its core away) stays one."""
+    import pandas as pd
+
+    from traceanalyzer.report.findings import Finding, _slow_hosts
+    host = pd.DataFrame({"rank": [1, 3], "run_ns_per_step": [3.9e6, 6.24e6], "peers_run_ns_per_step": [3.9e6, 3.89e6],
+                         "wait_ns_per_step": [0.6e6, 6.91e6], "peers_wait_ns_per_step": [0.63e6, 0.63e6]})
+    tables = {"host_cpu": host, "imbalance": pd.DataFrame(), "stragglers": pd.DataFrame()}
+
+    class Data:
+        params: dict = {}
+
+        def r(self, name):
+            return tables[name]
+
+    found = [Finding(kind="slow_stage", title="Slow pipeline stage: stage 1 (rank 3)", recoverable_ns_per_step=2.13e6,
+                     recoverable_pct=12.8, summary="", rank=3, stage=1),
+             Finding(kind="slow_stage", title="Slow pipeline stage: stage 1 (rank 1)", recoverable_ns_per_step=2.13e6,
+                     recoverable_pct=12.8, summary="", rank=1, stage=1)]
+    _slow_hosts(Data(), found)
+    assert [f.kind for f in found] == ["slow_host", "slow_stage"]
+    assert "extra wait for a core (+6.28 ms)" in found[0].evidence[0] and "as pipeline stage 1" in found[0].evidence[0]

@@ -412,21 +412,28 @@ def _add_cpu_wait(data: RunData, found: list[Finding]) -> None:
 
 
 def _slow_hosts(data: RunData, found: list[Finding]) -> None:
-    """A straggler that ran the same operations on the same input shapes as its peers (work.sql)
-    and whose extra CPU time plus extra wait for a core per step (host_cpu.sql: its training
-    thread's CPU time, and the larger of its training thread's and its whole process's wait, beyond
-    its peers' medians) covers at least ``straggler_host_min_pct`` of the phase it
-    was slower in is late because of its host -- a slower or shared core -- not because of the job:
-    its kind becomes ``slow_host`` (what to fix is the host: pinning, isolation, a node), the wait
-    it imposes stays its recoverable time. Unknown (no samples, no work comparison): a straggler."""
-    hc, im, st = data.r("host_cpu"), data.r("imbalance"), data.r("stragglers")
-    if hc.empty or im.empty or st.empty or "same_work" not in im or "run_ns_per_step" not in hc:
+    """A rank finding its host explains becomes ``slow_host`` (what to fix is the host: pinning,
+    isolation, a node; the wait it imposes stays its recoverable time):
+
+    * a straggler that ran the same operations on the same input shapes as its peers (work.sql)
+      and whose extra CPU time plus extra wait for a core per step (host_cpu.sql: its training
+      thread's CPU time, and the larger of its training thread's and its whole process's wait,
+      beyond its peers' medians) covers at least ``straggler_host_min_pct`` of the phase it was
+      slower in;
+    * a slow pipeline stage whose extra wait for a core alone covers that share of its excess own
+      time (its CPU time is not compared: another stage runs other layers).
+
+    Unknown (no samples, no work comparison): the finding stays as it is."""
+    hc = data.r("host_cpu")
+    if hc.empty or "run_ns_per_step" not in hc:
         return
+    im, st = data.r("imbalance"), data.r("stragglers")
     min_pct = float(data.params.get("straggler_host_min_pct", default("straggler_host_min_pct")))
-    hosts, same = hc.set_index("rank"), im.set_index("rank")["same_work"]
-    excess = st.set_index("rank")["phase_excess_ns_per_step"]
+    hosts = hc.set_index("rank")
+    same = im.set_index("rank")["same_work"] if not im.empty and "same_work" in im else pd.Series(dtype=object)
+    phase = st.set_index("rank")["phase_excess_ns_per_step"] if not st.empty else pd.Series(dtype=float)
     for f in found:
-        if f.kind != "straggler" or f.also or f.rank not in hosts.index or f.rank not in excess.index:
+        if f.kind not in ("straggler", "slow_stage") or f.also or f.rank not in hosts.index:
             continue
         h = hosts.loc[f.rank]
         extra_run = h["run_ns_per_step"] - h["peers_run_ns_per_step"]
@@ -436,9 +443,14 @@ def _slow_hosts(data: RunData, found: list[Finding]) -> None:
         extra_proc = h.get("proc_wait_ns_per_step", np.nan) - h.get("peers_proc_wait_ns_per_step", np.nan)
         if pd.notna(extra_wait) and pd.notna(extra_proc):
             extra_wait = max(extra_wait, extra_proc)
-        ex = float(excess[f.rank])
-        if not (same.get(f.rank) is True or same.get(f.rank) == 1) or pd.isna(extra_run) or pd.isna(extra_wait) \
-                or not ex > 0 or not 100.0 * (extra_run + extra_wait) >= min_pct * ex:
+        if f.kind == "straggler":
+            if f.rank not in phase.index or not (same.get(f.rank) is True or same.get(f.rank) == 1):
+                continue
+            ex, what = float(phase[f.rank]), "its slower phase"
+        else:
+            ex, what, extra_run = float(f.recoverable_ns_per_step), "its excess own time", 0.0
+        if pd.isna(extra_run) or pd.isna(extra_wait) or not ex > 0 \
+                or not 100.0 * (extra_run + extra_wait) >= min_pct * ex:
             continue
         share = 100.0 * (extra_run + extra_wait) / ex
         parts = []
@@ -447,13 +459,16 @@ def _slow_hosts(data: RunData, found: list[Finding]) -> None:
                          f"(+{ms(extra_run)} of CPU per step)")
         if extra_wait > 0:
             parts.append(f"kept its threads waiting {ms(extra_wait)} more per step for a core")
+        was = f"stage {f.stage} " if f.kind == "slow_stage" else ""
         f.kind, f.title = "slow_host", f"{_TITLES['slow_host']}: rank {f.rank}"
         f.summary = (f"rank {f.rank}'s host {' and '.join(parts)}; its peers wait for it "
                      f"{ms(f.estimate_ns_per_step or f.recoverable_ns_per_step)} per step")
-        f.evidence.insert(0, f"its extra CPU time ({_signed(extra_run)}) and extra wait for a core ({_signed(extra_wait)}) "
-                             f"per step cover {share:.0f}% of its slower phase (+{ms(ex)}), running the same operations "
-                             f"on the same input shapes as its peers: its host (a slower or shared core), not its work "
-                             f"or the job, made it late")
+        cpu = (f"its extra CPU time ({_signed(extra_run)}) and extra wait for a core ({_signed(extra_wait)})"
+               if was == "" else f"its extra wait for a core ({_signed(extra_wait)})")
+        work = ("running the same operations on the same input shapes as its peers" if was == ""
+                else f"as pipeline {was.strip()}")
+        f.evidence.insert(0, f"{cpu} per step cover {share:.0f}% of {what} (+{ms(ex)}), {work}: its host (a slower "
+                             f"or shared core), not its work or the job, made it late")
 
 
 def _signed(ns: float) -> str:
