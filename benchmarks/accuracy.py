@@ -32,6 +32,7 @@ import json
 import os
 import platform
 import shutil
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -250,8 +251,15 @@ def _ground_truth(run_dir: Path) -> dict:
         return {}
 
 
+def _recordings(name: str, run_dirs: dict) -> list[str]:
+    """``name`` and its repeats (``name_r1``, ...) among the recorded runs."""
+    return [n for n in run_dirs if n == name or (n.startswith(name + "_r") and n[len(name) + 2:].isdigit())]
+
+
 def structural(cache: Path, pairs, run_dirs: dict) -> list[dict]:
-    """Each structural plan's predicted job step against the measured step of the real re-run."""
+    """Each structural plan's predicted job step against the measured step of the real re-run: the
+    median of the predictions made from every recording of the run against the median measured step
+    of every recording of the re-run (one recording of each is one draw of the machine's noise)."""
     from traceanalyzer import ingest, replay
     from traceanalyzer.errors import TraceInputError
     store = cache / "store"
@@ -259,7 +267,8 @@ def structural(cache: Path, pairs, run_dirs: dict) -> list[dict]:
     for run, action, target in pairs:
         if run not in run_dirs or target not in run_dirs:
             continue
-        for r in (run, target):
+        runs, targets = _recordings(run, run_dirs), _recordings(target, run_dirs)
+        for r in runs + targets:
             try:
                 ingest([run_dirs[r]], store, run=r)
             except TraceInputError:   # already in the store
@@ -270,12 +279,13 @@ def structural(cache: Path, pairs, run_dirs: dict) -> list[dict]:
                         "error": f"not the same model: {layers[0]} vs {layers[1]} layers"})
             continue
         try:
-            pred = replay.run_plan(store, {"actions": [action]}, run=run).job_step_ns()
-            meas = measured_step_ns(store, target)
+            preds = [replay.run_plan(store, {"actions": [action]}, run=r).job_step_ns() for r in runs]
+            meas = [measured_step_ns(store, r) for r in targets]
         except Exception as exc:  # noqa: BLE001 - a failed plan is a result too
             out.append({"run": run, "plan": action, "target": target, "error": f"{type(exc).__name__}: {exc}"})
             continue
-        out.append({"run": run, "plan": action, "target": target, "predicted_step_ns": pred, "measured_step_ns": meas})
+        out.append({"run": run, "plan": action, "target": target, "predicted_step_ns": float(statistics.median(preds)),
+                    "measured_step_ns": float(statistics.median(meas)), "n_runs": len(runs), "n_targets": len(targets)})
     return out
 
 

@@ -24,7 +24,8 @@ Scores (targets from issue 14):
 * what-if: the "idealise the culprit" predicted step against the clean twin's measured step, within
   max(``WHATIF_MIN_TOL``, 2 x the clean twin's run-to-run spread); S = T/T_ideal (identity replay over
   the prediction) within ``SLOWDOWN_TOL`` of the measured slowdown T_fault / T_clean;
-* structural plans (schedule, micro-batches, buckets): predicted step against the real re-run.
+* structural plans (schedule, micro-batches, buckets): predicted step against the real re-run (the median
+  of the predictions from every recording of the run against the median of the re-run's recordings).
 """
 from __future__ import annotations
 
@@ -285,11 +286,12 @@ def render(s: dict) -> str:
                   + f"; median {_pct(float(np.median(list(sp.values()))))}, max {_pct(max(sp.values()))}."]
     if s["structural"]:
         lines += ["", "| structural plan | on run | real re-run | predicted ms | measured ms | err |", "|---|---|---|---|---|---|"]
+        n = (lambda p, k: f" (median of {p[k]})" if p.get(k, 1) > 1 else "")
         for p in s["structural"]:
             plan = ", ".join(f"{k}={v}" for k, v in p["plan"].items())
             if p.get("error"):
                 lines.append(f"| {plan} | {p['run']} | {p['target']} | failed: {p['error'][:80]} | | |")
             else:
-                lines.append(f"| {plan} | {p['run']} | {p['target']} | {p['predicted_step_ns'] / 1e6:.1f} | "
-                             f"{p['measured_step_ns'] / 1e6:.1f} | {_pct(p['err'])} |")
+                lines.append(f"| {plan} | {p['run']} | {p['target']} | {p['predicted_step_ns'] / 1e6:.1f}{n(p, 'n_runs')} | "
+                             f"{p['measured_step_ns'] / 1e6:.1f}{n(p, 'n_targets')} | {_pct(p['err'])} |")
     return "\n".join(lines) + "\n"
