@@ -80,11 +80,16 @@ def test_replay_straggler_metrics(store):
     assert replay.error_summary(replay.identity(g))["median"] <= 0.001
     m = replay.straggler_metrics(g)
     sw = m["per_rank"].set_index("rank")["S_w"]
-    assert m["S"] > 1.3 and sw.idxmax() == 1 and sw[1] > 1.3, (m["S"], sw.to_dict())  # measured S 1.5, S_w(1) 1.5
+    # T_ideal takes each op at the mean over the ranks holding the same stage (its replicas): with 2
+    # replicas that mean keeps half of the slow worker's excess, so S = T / T_ideal is 1.23 here
+    # (session 20) against the 1.5 measured; the worker is still the one that matters (S_w)
+    assert m["S"] > 1.15 and sw.idxmax() == 1 and sw[1] > 1.15, (m["S"], sw.to_dict())
     assert m["top_ranks"] == [1] and m["top_ranks_recovered"] > 0.8
     assert set(m["per_op_type"]["op_type"]) >= {"cpu_op"}
     r = replay.what_if(g, {"actions": [{"action": "idealize", "ranks": [1]}]})
     assert (r.steps.groupby("rank")["delta_ns"].mean() < -20e6).all()  # every rank gains > 20 ms a step
+    # idealising the worker against its replica: the slowdown it caused, 1.61 against the 1.5 measured
+    assert 1.35 < r.job_step_ns("identity_ns") / r.job_step_ns() < 1.75
 
 
 def test_report_and_export(store, run_cli, tmp_path):
