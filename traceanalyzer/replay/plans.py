@@ -141,11 +141,11 @@ def typical_durations(g: Graph, reference: np.ndarray | None = None, roles: bool
     role -- are compared with every reference rank too."""
     is_ref = _reference_mask(g, reference)
     keys = _operation_keys(g)
-    typ = _mean_by_keys(g, is_ref, keys)
+    typ = _typical_by_keys(g, is_ref, keys)
     role = _rank_roles(g) if roles else None
     if role is not None:
         node_role = np.where(g.rank >= 0, role[np.clip(g.rank, 0, len(role) - 1)], -1)
-        by_role = _mean_by_keys(g, is_ref, keys, node_role, int(role.max()) + 1)
+        by_role = _typical_by_keys(g, is_ref, keys, node_role, int(role.max()) + 1)
         comp = np.isin(g.kind, [OP, KERNEL])
         # a gap is compared within its role only where a reference rank other than its own holds
         # that role (a stage with no replica: with every other reference rank)
@@ -161,7 +161,7 @@ def typical_durations(g: Graph, reference: np.ndarray | None = None, roles: bool
         own = g.dur - g.child
         # (by the names with their numbers blanked: a stage's ranges carry its stage and micro-batch
         # numbers -- "PP:1F3" -- so the exact name matches only the rank itself)
-        self_typ = _mean_by_keys(g, is_ref, keys, values=own, first_level=1)
+        self_typ = _typical_by_keys(g, is_ref, keys, values=own, first_level=1)
         alone_typ = g.child + np.fmin(own, np.where(np.isnan(self_typ), own, self_typ))
         typ = np.where(comp | (peers & ~np.isnan(by_role)), by_role, typ)   # compute: its role's or its own (NaN)
         typ = np.where(alone, alone_typ, typ)
@@ -194,7 +194,7 @@ def typical_durations(g: Graph, reference: np.ndarray | None = None, roles: bool
     return out
 
 
-def _mean_by_keys(g: Graph, is_ref: np.ndarray, keys, group: np.ndarray | None = None,
+def _typical_by_keys(g: Graph, is_ref: np.ndarray, keys, group: np.ndarray | None = None,
                   n_groups: int = 1, values: np.ndarray | None = None, first_level: int = 0) -> np.ndarray:
     """Per node, the typical ``values`` (default: durations) over the reference nodes of its key
     (finest key first; NaN where no reference node has any of its keys); ``group`` (per node, >= 0)
