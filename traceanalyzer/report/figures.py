@@ -73,7 +73,7 @@ def _render(f: Figure) -> bytes:
         f.draw(fig, **f.args)
         fig.tight_layout()
         buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
+        fig.savefig(buf, format="png", dpi=DPI)   # tight_layout has fitted it: no second layout pass
     return buf.getvalue()
 
 
