@@ -150,21 +150,18 @@ def typical_durations(g: Graph, reference: np.ndarray | None = None, roles: bool
         # a gap is compared within its role only where a reference rank other than its own holds
         # that role (a stage with no replica: with every other reference rank)
         ref_rank = np.asarray(reference, bool) if reference is not None else np.ones(len(role), bool)
-        n = min(len(role), len(ref_rank))
-        refs_in_role = np.bincount(role[:n][ref_rank[:n] & (role[:n] >= 0)], minlength=int(role.max()) + 1)
-        own_ref = is_ref.astype(np.int64)
-        peers = np.where(node_role >= 0, refs_in_role[np.maximum(node_role, 0)] - own_ref, 0) > 0
+        peers = np.where(g.rank >= 0, _role_peers(role, ref_rank)[np.clip(g.rank, 0, len(role) - 1)], False)
         # an op of a stage no other reference rank holds: what nested events cover stays (its role: the
         # last stage's head and loss), its own time outside them (a sleep inside a "Forward" range)
         # takes the typical own time of that op over every reference rank, never longer
         alone = comp & ~peers & (g.kind == OP)
-        own = g.dur - g.child
-        # (by the names with their numbers blanked: a stage's ranges carry its stage and micro-batch
-        # numbers -- "PP:1F3" -- so the exact name matches only the rank itself)
-        self_typ = _typical_by_keys(g, is_ref, keys, values=own, first_level=1)
-        alone_typ = g.child + np.fmin(own, np.where(np.isnan(self_typ), own, self_typ))
         typ = np.where(comp | (peers & ~np.isnan(by_role)), by_role, typ)   # compute: its role's or its own (NaN)
-        typ = np.where(alone, alone_typ, typ)
+        if alone.any():
+            own = g.dur - g.child
+            # (by the names with their numbers blanked: a stage's ranges carry its stage and micro-batch
+            # numbers -- "PP:1F3" -- so the exact name matches only the rank itself)
+            self_typ = _typical_by_keys(g, is_ref, keys, values=own, first_level=1)
+            typ = np.where(alone, g.child + np.fmin(own, np.where(np.isnan(self_typ), own, self_typ)), typ)
     typ = np.rint(np.where(np.isnan(typ), g.dur, typ)).astype(np.int64)
     is_gap = g.kind == GAP
     out = np.where(np.isin(g.kind, [OP, KERNEL]), typ, g.dur)
@@ -236,6 +233,17 @@ def _rank_roles(g: Graph) -> np.ndarray | None:
     return out
 
 
+def _role_peers(role: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """Per rank (indexed as ``role``): does a reference rank other than itself hold its role (a
+    replica to compare it with)? ``ref``: per-rank reference mask (ranks beyond it are none)."""
+    n = min(len(role), len(ref))
+    is_ref = np.zeros(len(role), bool)
+    is_ref[:n] = np.asarray(ref, bool)[:n]
+    held = role >= 0
+    count = np.bincount(role[held & is_ref], minlength=int(role.max()) + 1 if held.any() else 0)
+    return held & (np.where(held, count[np.maximum(role, 0)], 0) - is_ref > 0)
+
+
 def _operation_keys(g: Graph) -> list[tuple[np.ndarray, int]]:
     """Per node, codes for "the same operation" across ranks, finest first, each with its number
     of codes: (1) lane ordinal within the rank and lane type, name (a host gap takes the name of
@@ -300,10 +308,8 @@ def apply_plan(g: Graph, plan: dict, typical: np.ndarray | None = None) -> np.nd
                 if role is None:
                     same_role = np.ones(g.n, bool)
                 else:
-                    n = min(len(role), len(ref))
-                    with_peers = [r for r in ranks if 0 <= r < n and role[r] >= 0
-                                  and (ref[:n] & (role[:n] == role[r])).any()]
-                    same_role = _rank_mask(g, with_peers)
+                    peers = _role_peers(role, ref)
+                    same_role = _rank_mask(g, [r for r in ranks if 0 <= r < len(peers) and peers[r]])
             else:
                 if typical is None:
                     typical = typical_durations(g)
