@@ -35,6 +35,10 @@ ANNOTATE_MAX_CELLS = 160
 #: MAX_TICKS rows not every row is labelled (a 1,024-rank job must not make a 100,000-pixel PNG).
 MAX_HEIGHT_IN = 12.0
 MAX_TICKS = 40
+#: Width of one character of a 9-pt label and the height of one line of text with its padding, in
+#: inches (DejaVu Sans: digits 0.078 in, text 0.063-0.07 in). Margins are set from them, not measured.
+CHAR_IN = 0.078
+LINE_IN = 0.2
 
 COLORS = {"compute": "#4C72B0", "overlapped": "#55A868", "exposed comm": "#C44E52", "memory": "#8172B2",
           "idle": "#CCCCCC", "warmup": "#BBBBBB", "cooldown": "#999999", "stall": "#E07B39", "other": "#E8C547"}
@@ -70,10 +74,9 @@ def _render(f: Figure) -> bytes:
     with rc_context(_RC), _backend_named():
         fig = MplFigure(figsize=f.size_in, dpi=DPI)
         FigureCanvasAgg(fig)
-        f.draw(fig, **f.args)
-        fig.tight_layout()
+        f.draw(fig, **f.args)   # it sets its own margins (_place): no layout pass measures the texts
         buf = io.BytesIO()
-        fig.savefig(buf, format="png", dpi=DPI)   # tight_layout has fitted it: no second layout pass
+        fig.savefig(buf, format="png", dpi=DPI)
     return buf.getvalue()
 
 
@@ -94,6 +97,41 @@ def _backend_named():
         yield
     finally:
         dict.__setitem__(rc, "backend", saved)
+
+
+def _place(fig, left: float, bottom: float, right: float = 0.25, top: float = 0.35, wspace: float = 0.0,
+           cols: int = 1) -> None:
+    """Margins and the space between ``cols`` panels, in inches, computed by each figure from the
+    labels it draws (``_axis_in``). Not ``tight_layout``: it lays out every text of the figure once
+    more to measure it, the largest part of drawing a small figure."""
+    w, h = fig.get_size_inches()
+    cell = (w - left - right - (cols - 1) * wspace) / cols
+    fig.subplots_adjust(left=left / w, right=1 - right / w, bottom=min(bottom / h, 0.45),
+                        top=max(1 - top / h, 0.55), wspace=wspace / cell if cols > 1 else None)
+
+
+def _axis_in(chars: int, label: bool = True) -> float:
+    """Inches beside an axis for tick labels of ``chars`` characters and, with ``label``, its label."""
+    return 0.15 + chars * CHAR_IN + (LINE_IN if label else 0.0)
+
+
+def _num_chars(values) -> int:
+    """Characters of the longest tick label of an axis showing ``values`` (at most 3 digits after
+    the point below 10; a minus sign where any is negative)."""
+    v = np.asarray(values, dtype=float)
+    v = v[np.isfinite(v)]
+    hi = float(np.abs(v).max()) if v.size else 1.0
+    digits = len(f"{hi:.0f}") + (2 if hi < 10 else 0)
+    return digits + (1 if v.size and v.min() < 0 else 0)
+
+
+def _legend_below(fig, ax, ncol: int = 5) -> float:
+    """The axes' legend centred under the figure; the inches it takes (what the bottom margin adds)."""
+    handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return 0.0
+    fig.legend(handles, labels, fontsize=7, loc="lower center", ncol=min(ncol, len(handles)), frameon=False)
+    return 0.1 + 0.2 * -(-len(handles) // ncol)
 
 
 def _height(rows: int, per_row: float, base: float) -> float:
@@ -178,10 +216,13 @@ def fig_step_heatmap(data: RunData) -> Figure | None:
 
 
 def _draw_step_heatmap(fig, left, right) -> None:
-    axes = fig.subplots(1, 2 if right is not None else 1, squeeze=False)
-    _heat(axes[0][0], left[0], left[1], fig)
-    if right is not None:
-        _heat(axes[0][1], right[0], right[1], fig)
+    panels = [p for p in (left, right) if p is not None]
+    axes = fig.subplots(1, len(panels), squeeze=False)[0]
+    for ax, (grid, title) in zip(axes, panels):
+        _heat(ax, grid, title, fig)
+    y_in = _axis_in(max(len(str(r)) for grid, _ in panels for r in grid.index))
+    bar_in = _axis_in(max(_num_chars(grid.to_numpy(dtype=float) / 1e6) for grid, _ in panels))
+    _place(fig, left=y_in, bottom=0.55, right=bar_in, wspace=bar_in + y_in, cols=len(panels))
 
 
 def fig_arrival_skew(data: RunData) -> Figure | None:
@@ -213,6 +254,9 @@ def _draw_arrival_skew(fig, c: pd.DataFrame) -> None:
     b.set_xlabel("last arriver (rank)")
     b.set_ylabel("peer wait it caused (ms, window)")
     b.set_title("who the others waited for")
+    b_in = _axis_in(_num_chars(wait.to_numpy()))
+    _place(fig, left=_axis_in(_num_chars(c["arrival_skew_ns"].to_numpy(dtype=float) / 1e6)), bottom=0.55,
+           wspace=b_in + 0.1, cols=2)
 
 
 def fig_pipeline_timeline(data: RunData) -> Figure | None:
@@ -255,20 +299,26 @@ def _draw_pipeline_timeline(fig, step: int, st: pd.DataFrame, stages: pd.DataFra
         if rank not in st.index:
             continue
         lo, hi = (float(st.loc[rank, "step_start_ns"]) - t0) / 1e6, (float(st.loc[rank, "step_end_ns"]) - t0) / 1e6
-        ax.barh(y, hi - lo, left=lo, color=COLORS["compute"], height=0.6, label="busy" if "busy" not in seen else None)
+        # one collection per stage and kind (broken_barh), not one patch per interval: a stage idles
+        # hundreds of times a step
+        ax.broken_barh([(lo, hi - lo)], (y - 0.3, 0.6), color=COLORS["compute"],
+                       label="busy" if "busy" not in seen else None)
         seen.add("busy")
         mine = idle[(idle["rank"] == rank) & (idle["step"] == step)]
         for kind, g in mine.groupby("kind"):
-            ax.barh([y] * len(g), g["dur_ns"] / 1e6, left=(g["lo_ns"] - t0) / 1e6, height=0.6,
-                    color=COLORS.get(kind, "#DDDDDD"), label=f"idle: {kind}" if kind not in seen else None,
-                    hatch="//" if kind == "stall" else None, edgecolor="white", linewidth=0)
+            spans = list(zip(((g["lo_ns"] - t0) / 1e6).tolist(), (g["dur_ns"] / 1e6).tolist()))
+            ax.broken_barh(spans, (y - 0.3, 0.6), facecolor=COLORS.get(kind, "#DDDDDD"),
+                           label=f"idle: {kind}" if kind not in seen else None,
+                           hatch="//" if kind == "stall" else None, edgecolor="white", linewidth=0)
             seen.add(kind)
     ax.set_yticks(range(len(stages)), [f"stage {s} (rank {r})" for r, s in zip(stages["rank"], stages["stage"])])
     ax.invert_yaxis()
     ax.set_xlabel(f"time in step {step} (ms)")
     which = f" (pipeline of rank {int(stages['rank'].iloc[0])}, 1 of {n_pipes})" if n_pipes > 1 else ""
+    ax.margins(x=0.01)
     ax.set_title(f"pipeline timeline of step {step}{which}: busy vs bubbles (idle by cause)")
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.25), ncol=5)
+    labels = [f"stage {s} (rank {r})" for r, s in zip(stages["rank"], stages["stage"])]
+    _place(fig, left=_axis_in(max(map(len, labels)), label=False), bottom=0.55 + _legend_below(fig, ax))
 
 
 def fig_overlap_bars(data: RunData) -> Figure | None:
@@ -299,7 +349,7 @@ def _draw_overlap_bars(fig, ranks: list[int], parts: dict) -> None:
     ax.invert_yaxis()
     ax.set_xlabel("ms per step (mean)")
     ax.set_title("where each rank's step went")
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.3), ncol=5)
+    _place(fig, left=_axis_in(max(map(len, ys)), label=False), bottom=0.55 + _legend_below(fig, ax))
 
 
 def fig_imbalance(data: RunData) -> Figure | None:
@@ -344,6 +394,7 @@ def _draw_imbalance(fig, ranks: list[int], vals: list, mean: float, labels: dict
     ax.set_title("compute per step and rank" + (" (flagged ranks labelled with their ratio to the mean)"
                                                 if any_flagged else ""))
     ax.legend(fontsize=7)
+    _place(fig, left=_axis_in(_num_chars(np.concatenate([np.ravel(v) for v in vals] + [[mean]]))), bottom=0.55)
 
 
 def fig_top_ops(data: RunData) -> Figure | None:
@@ -365,6 +416,7 @@ def _draw_top_ops(fig, names: list[str], ms) -> None:
     ax.invert_yaxis()
     ax.set_xlabel("ms per step and rank (whole window, all ranks)")
     ax.set_title("top compute kernels / operators")
+    _place(fig, left=_axis_in(max(map(len, names), default=1), label=False), bottom=0.55)
 
 
 FIGURES = (fig_step_heatmap, fig_arrival_skew, fig_pipeline_timeline, fig_overlap_bars, fig_imbalance, fig_top_ops)
