@@ -81,6 +81,8 @@ def build_report(store: str | os.PathLike, run: str | None = None, figures: bool
     leaves the figures undrawn (drawn when first written as HTML, Markdown or PDF);
     ``figures="listed"`` only names, titles and captions them -- all the JSON report shows -- and
     loads nothing to draw them with (a pipeline's idle intervals: most of the analyses' SQL)."""
+    if figures is True and render and dask is None:
+        _import_matplotlib_meanwhile()
     con, runs = open_runs(store, run, progress, dask=dask)
     try:
         datas = [load_run(con, store, r, with_intervals=figures is True) for r in runs]
@@ -104,6 +106,21 @@ def build_report(store: str | os.PathLike, run: str | None = None, figures: bool
                   created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   versions={"traceanalyzer": __version__, "store_schema_version": S.SCHEMA_VERSION,
                             "results_version": S.RESULTS_VERSION, "report_version": REPORT_VERSION})
+
+
+def _import_matplotlib_meanwhile() -> None:
+    """Import what the figures draw with on a thread while this one waits on DuckDB (which lets go
+    of the GIL): matplotlib's import (~0.4 s) was the largest fixed cost of a small run's HTML
+    report. Python's import lock makes the drawing wait for it if it has not finished."""
+    import threading
+
+    def imports():
+        try:
+            import matplotlib.backends.backend_agg  # noqa: F401
+            import matplotlib.figure  # noqa: F401
+        except ImportError:   # drawing says so in the report's figure errors
+            pass
+    threading.Thread(target=imports, name="traceanalyzer-import-matplotlib", daemon=True).start()
 
 
 def render_pending(report: Report) -> None:
