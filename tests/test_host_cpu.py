@@ -215,3 +215,32 @@ def test_a_slow_stage_its_wait_for_a_core_explains_is_a_slow_host():
     _slow_hosts(Data(), found)
     assert [f.kind for f in found] == ["slow_host", "slow_stage"]
     assert "extra wait for a core (+6.28 ms)" in found[0].evidence[0] and "as pipeline stage 1" in found[0].evidence[0]
+
+
+def test_a_rank_slow_over_every_phase_its_core_wait_shows_is_found(tmp_path):
+    """traces/fsdp_gloo_2rank_noisy1 (a real FSDP recording, a noisy neighbour on rank 1's core):
+    rank 1 costs its peer ~15 ms a step (21 % of it), but the slowdown is spread over its phases and
+    its gloo threads -- its largest phase excess is under the 10 % of a step that makes a rank slow
+    on its own -- while its threads waited ~50 ms a step longer for a core than rank 0's. That wait
+    is the evidence it was slow on its own (a rank that only waits for a peer sleeps, it does not
+    wait for a core): a straggler of the analyses, a slow host of the report. Before the rule, the
+    run had no finding at all."""
+    import traceanalyzer as ta
+    from traceanalyzer.analyses import connect, prepare
+    from traceanalyzer.report.build import build_report
+    store = tmp_path / "s"
+    ta.ingest([str(TRACES / "fsdp_gloo_2rank_noisy1")], str(store), progress=False)
+    con = connect(str(store))
+    try:
+        prepare(con, views=["straggler_candidates"])
+        c = con.execute("SELECT rank, delay_pct, phase_excess_pct, host_wait_excess_pct FROM straggler_candidates "
+                        "ORDER BY rank").df().set_index("rank")
+    finally:
+        con.close()
+    assert c.loc[1, "delay_pct"] > 15 and c.loc[1, "phase_excess_pct"] < 10 < c.loc[1, "host_wait_excess_pct"], c
+    assert c.loc[0, "delay_pct"] < 10, c          # its peer, the victim, is no candidate
+    rr = build_report(str(store), figures=False).runs[0]
+    first = rr.findings[0]
+    assert (first.kind, first.rank) == ("slow_host", 1), [(f.kind, f.rank) for f in rr.findings]
+    assert not any(f.rank == 0 for f in rr.findings)
+    assert any("extra wait for a core" in e and "its host" in e for e in first.evidence), first.evidence

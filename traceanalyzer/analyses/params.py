@@ -48,7 +48,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     # 10 %: the OSDI'25 what-if study calls a job straggling when its slowdown S >= 1.1
     _s("straggler_min_delay_pct", 10.0, "a straggler costs its peers at least this % of the median step time per step"),
     _s("straggler_min_delay_ns", 1_000_000, "... and at least this many ns per step"),
-    _s("straggler_min_excess_pct", 10.0, "... and was slower on its own: median excess in one phase >= this % of the step time"),
+    _s("straggler_min_excess_pct", 10.0, "... and was slower on its own: median excess in one phase, or extra wait of its threads for a CPU core (host_cpu), >= this % of the step time"),
     _s("straggler_persistent_pct", 50.0, "flagged in at least this % of steps: 'persistent', else 'sporadic'"),
     _s("imbalance_min_ratio", 1.1, "a rank is imbalanced when its compute is at least this times the mean of the ranks"),
     _s("imbalance_min_excess_pct", 5.0, "... and its excess over the mean is at least this % of the median step time"),

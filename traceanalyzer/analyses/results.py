@@ -204,7 +204,8 @@ def format_text(results: dict[str, pd.DataFrame], params: dict) -> str:
             s = sel["stragglers"]
             if s.empty:
                 lines.append(f"stragglers: none (no rank cost its peers >= {p['straggler_min_delay_pct']}% of a step "
-                             f"while being >= {p['straggler_min_excess_pct']}% slower in a phase)")
+                             f"while being >= {p['straggler_min_excess_pct']}% of a step slower in a phase or waiting that much "
+                             f"longer for a CPU core)")
             for r in s.itertuples():
                 lines.append(f"straggler #{r.rank_order}: rank {r.rank} costs its peers {_ms(r.delay_ns_per_step)} per step "
                              f"({_pct(r.delay_pct)} of the step), {r.pattern} ({r.steps_flagged}/{r.steps} steps); "

@@ -35,7 +35,8 @@ def negatives(data: RunData, findings: list[Finding]) -> list[str]:
                    "shared host (the slow-host finding).")
     elif "straggler" not in kinds:
         out.append(f"No straggler found: no rank cost its peers at least {p.get('straggler_min_delay_pct', 10.0):g}% "
-                   f"of a step while being at least {p.get('straggler_min_excess_pct', 10.0):g}% slower in a phase.")
+                   f"of a step while being at least {p.get('straggler_min_excess_pct', 10.0):g}% of a step slower in a phase "
+                   f"or waiting that much longer for a CPU core.")
     if "imbalance" not in kinds:
         out.append(f"No imbalance found: no rank computes at least {p.get('imbalance_min_ratio', 1.1):g}x the mean "
                    f"of the ranks with an excess of at least {p.get('imbalance_min_excess_pct', 5.0):g}% of a step.")

@@ -19,11 +19,15 @@
 --                            what-if study calls a job straggling at a slowdown of 1.1)
 --   straggler_min_delay_ns   ... and at least this many ns per step (default 1e6 = 1 ms)
 --   straggler_min_excess_pct ... and was slower on its own: its median excess over its peers in
---                            one phase is at least this % of the median step time (default 10)
+--                            one phase is at least this % of the median step time, or its threads
+--                            waited that much longer for a CPU core per step than its peers' did
+--                            (host_cpu.sql: a rank on a shared core runs its collectives late on its
+--                            gloo threads, time no phase of its own shows; a rank that only waited
+--                            for a peer slept, it did not wait for a core) (default 10)
 --   straggler_persistent_pct flagged in at least this % of steps -> 'persistent', else 'sporadic'
 --                            (default 50)
 --
--- requires: activity, annotations, clock_offsets, collectives, intervals, phases
+-- requires: activity, annotations, clock_offsets, collectives, host_cpu, intervals, phases
 
 -- Per rank and step: the delay it imposed on its peers.
 -- Columns: run, rank, step, n_collectives (where it arrived last), imposed_wait_ns (sum over
@@ -224,19 +228,28 @@ where_named AS (  -- per rank and phase: the range with the largest median exces
     FROM (SELECT run, rank, phase, name, median(excess_ns) AS excess FROM _user_annotation_excess GROUP BY ALL)
     WHERE excess > 0
     GROUP BY ALL
+),
+host AS (  -- its threads' extra wait for a core per step, the larger of its training thread's and its
+           -- whole process's (host_cpu_ranks; no rows without the collector's samples: unknown, not 0)
+    SELECT run, rank, greatest(wait_ns_per_step - peers_wait_ns_per_step,
+                               coalesce(proc_wait_ns_per_step - peers_proc_wait_ns_per_step, 0)) AS wait_excess_ns
+    FROM host_cpu_ranks
 )
 SELECT p.run, p.rank, p.delay_ns_per_step, p.delay_pct, p.imposed_wait_ns_per_step, p.steps, p.steps_flagged,
        CASE WHEN 100.0 * p.steps_flagged / p.steps >= getvariable('straggler_persistent_pct') THEN 'persistent'
             ELSE 'sporadic' END AS pattern,
        w.phase, w.phase_excess_ns_per_step, n.annotation, n.annotation_excess_ns_per_step,
-       100.0 * w.phase_excess_ns_per_step / nullif(p.step_ns, 0) AS phase_excess_pct
+       100.0 * w.phase_excess_ns_per_step / nullif(p.step_ns, 0) AS phase_excess_pct,
+       100.0 * h.wait_excess_ns / nullif(p.step_ns, 0) AS host_wait_excess_pct
 FROM per_rank p LEFT JOIN where_slow w USING (run, rank)
-LEFT JOIN where_named n ON n.run = p.run AND n.rank = p.rank AND n.phase = w.phase;
+LEFT JOIN where_named n ON n.run = p.run AND n.rank = p.rank AND n.phase = w.phase
+LEFT JOIN host h ON h.run = p.run AND h.rank = p.rank;
 
 CREATE OR REPLACE TEMP VIEW straggler_findings AS
-SELECT * EXCLUDE (phase_excess_pct),
+SELECT * EXCLUDE (phase_excess_pct, host_wait_excess_pct),
        row_number() OVER (PARTITION BY run ORDER BY delay_ns_per_step DESC, rank) AS rank_order
 FROM straggler_candidates
 WHERE delay_pct >= getvariable('straggler_min_delay_pct')
   AND delay_ns_per_step >= getvariable('straggler_min_delay_ns')
-  AND coalesce(phase_excess_pct, 0) >= getvariable('straggler_min_excess_pct');
+  AND greatest(coalesce(phase_excess_pct, 0), coalesce(host_wait_excess_pct, 0))
+      >= getvariable('straggler_min_excess_pct');
