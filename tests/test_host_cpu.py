@@ -244,3 +244,38 @@ def test_a_rank_slow_over_every_phase_its_core_wait_shows_is_found(tmp_path):
     assert (first.kind, first.rank) == ("slow_host", 1), [(f.kind, f.rank) for f in rr.findings]
     assert not any(f.rank == 0 for f in rr.findings)
     assert any("extra wait for a core" in e and "its host" in e for e in first.evidence), first.evidence
+
+
+def test_a_straggler_found_by_its_wait_for_a_core_is_a_slow_host_whatever_its_work():
+    """A clean 2-rank MoE recording of the accuracy corpus (session 21, moe2_r2): rank 1 cost its
+    peer 2.90 ms a step (14.6 %) with no phase of its own slower (+0.02 ms) -- the analyses found it
+    by its threads' extra wait for a core (+3.17 ms a step) -- and ran 2.5 ms more CPU, its tokens
+    being routed differently (not the same work). The wait is all the evidence there is of it being
+    slow on its own: a slow host, never a straggler of the job (a false finding on a clean run)."""
+    import pandas as pd
+
+    from traceanalyzer.report.findings import Finding, _slow_hosts
+    host = pd.DataFrame({"rank": [0, 1], "run_ns_per_step": [12.54e6, 15.01e6], "peers_run_ns_per_step": [15.01e6, 12.54e6],
+                         "wait_ns_per_step": [0.53e6, 1.29e6], "peers_wait_ns_per_step": [1.29e6, 0.53e6],
+                         "proc_wait_ns_per_step": [3.65e6, 6.82e6], "peers_proc_wait_ns_per_step": [6.82e6, 3.65e6]})
+    tables = {"host_cpu": host, "imbalance": pd.DataFrame({"rank": [0, 1], "same_work": [False, False]}),
+              "stragglers": pd.DataFrame({"rank": [1], "delay_ns_per_step": [2.90e6], "delay_pct": [14.6],
+                                          "phase_excess_ns_per_step": [0.02e6]})}
+
+    class Data:
+        params: dict = {}
+
+        def r(self, name):
+            return tables[name]
+
+    f = Finding(kind="straggler", title="Straggler: rank 1", recoverable_ns_per_step=3.11e6, recoverable_pct=15.7,
+                summary="", rank=1)
+    _slow_hosts(Data(), [f])
+    assert f.kind == "slow_host"
+    assert "extra wait for a core (+3.17 ms)" in f.evidence[0] and "no phase of its own 10%" in f.evidence[0]
+    # the same rank with a phase of its own 10 % of the step slower (a sleep): its work differs, stays
+    tables["stragglers"]["phase_excess_ns_per_step"] = 2.5e6
+    f = Finding(kind="straggler", title="Straggler: rank 1", recoverable_ns_per_step=3.11e6, recoverable_pct=15.7,
+                summary="", rank=1)
+    _slow_hosts(Data(), [f])
+    assert f.kind == "straggler"

@@ -420,6 +420,9 @@ def _slow_hosts(data: RunData, found: list[Finding]) -> None:
       thread's CPU time, and the larger of its training thread's and its whole process's wait,
       beyond its peers' medians) covers at least ``straggler_host_min_pct`` of the phase it was
       slower in;
+    * a straggler no phase of its own shows slower than its peers by ``straggler_min_excess_pct``
+      of a step -- the analyses found it by its threads' extra wait for a core (stragglers.sql) --
+      whatever its work (its CPU time is not compared);
     * a slow pipeline stage whose extra wait for a core alone covers that share of its excess own
       time (its CPU time is not compared: another stage runs other layers).
 
@@ -429,9 +432,14 @@ def _slow_hosts(data: RunData, found: list[Finding]) -> None:
         return
     im, st = data.r("imbalance"), data.r("stragglers")
     min_pct = float(data.params.get("straggler_host_min_pct", default("straggler_host_min_pct")))
+    own_pct = float(data.params.get("straggler_min_excess_pct", default("straggler_min_excess_pct")))
     hosts = hc.set_index("rank")
     same = im.set_index("rank")["same_work"] if not im.empty and "same_work" in im else pd.Series(dtype=object)
-    phase = st.set_index("rank")["phase_excess_ns_per_step"] if not st.empty else pd.Series(dtype=float)
+    st = st.set_index("rank") if not st.empty else pd.DataFrame(columns=["phase_excess_ns_per_step"])
+    phase = st["phase_excess_ns_per_step"]
+    # per straggler, its step time (delay / delay_pct) and whether a phase of its own showed it slow
+    step = st["delay_ns_per_step"] * 100.0 / st["delay_pct"] if "delay_pct" in st else pd.Series(dtype=float)
+    by_wait = (100.0 * phase.fillna(0) / step < own_pct) if len(step) else pd.Series(dtype=bool)
     for f in found:
         if f.kind not in ("straggler", "slow_stage") or f.also or f.rank not in hosts.index:
             continue
@@ -443,14 +451,18 @@ def _slow_hosts(data: RunData, found: list[Finding]) -> None:
         extra_proc = h.get("proc_wait_ns_per_step", np.nan) - h.get("peers_proc_wait_ns_per_step", np.nan)
         if pd.notna(extra_wait) and pd.notna(extra_proc):
             extra_wait = max(extra_wait, extra_proc)
-        if f.kind == "straggler":
+        found_by_wait = f.kind == "straggler" and bool(by_wait.get(f.rank, False))
+        if found_by_wait:
+            ex, what, extra_run = float(st.loc[f.rank, "delay_ns_per_step"]), "the wait it cost each peer", 0.0
+        elif f.kind == "straggler":
             if f.rank not in phase.index or not (same.get(f.rank) is True or same.get(f.rank) == 1):
                 continue
             ex, what = float(phase[f.rank]), "its slower phase"
         else:
             ex, what, extra_run = float(f.recoverable_ns_per_step), "its excess own time", 0.0
+        # (found by its wait alone, a straggler is a slow host whatever share of its cost the wait covers)
         if pd.isna(extra_run) or pd.isna(extra_wait) or not ex > 0 \
-                or not 100.0 * (extra_run + extra_wait) >= min_pct * ex:
+                or not (found_by_wait or 100.0 * (extra_run + extra_wait) >= min_pct * ex):
             continue
         share = 100.0 * (extra_run + extra_wait) / ex
         parts = []
@@ -463,12 +475,14 @@ def _slow_hosts(data: RunData, found: list[Finding]) -> None:
         f.kind, f.title = "slow_host", f"{_TITLES['slow_host']}: rank {f.rank}"
         f.summary = (f"rank {f.rank}'s host {' and '.join(parts)}; its peers wait for it "
                      f"{ms(f.estimate_ns_per_step or f.recoverable_ns_per_step)} per step")
-        cpu = (f"its extra CPU time ({_signed(extra_run)}) and extra wait for a core ({_signed(extra_wait)})"
-               if was == "" else f"its extra wait for a core ({_signed(extra_wait)})")
-        work = ("running the same operations on the same input shapes as its peers" if was == ""
-                else f"as pipeline {was.strip()}")
-        f.evidence.insert(0, f"{cpu} per step cover {share:.0f}% of {what} (+{ms(ex)}), {work}: its host (a slower "
-                             f"or shared core), not its work or the job, made it late")
+        alone = was != "" or found_by_wait     # its wait is the whole evidence
+        cpu = (f"its extra wait for a core ({_signed(extra_wait)})" if alone
+               else f"its extra CPU time ({_signed(extra_run)}) and extra wait for a core ({_signed(extra_wait)})")
+        work = (f"as pipeline {was.strip()}" if was else
+                f"with no phase of its own {own_pct:g}% of a step slower than its peers'" if alone else
+                "running the same operations on the same input shapes as its peers")
+        f.evidence.insert(0, f"{cpu} per step {'covers' if alone else 'cover'} {share:.0f}% of {what} (+{ms(ex)}), "
+                             f"{work}: its host (a slower or shared core), not its work or the job, made it late")
 
 
 def _signed(ns: float) -> str:
