@@ -230,9 +230,10 @@ where_named AS (  -- per rank and phase: the range with the largest median exces
     GROUP BY ALL
 ),
 host AS (  -- its threads' extra wait for a core per step, the larger of its training thread's and its
-           -- whole process's (host_cpu_ranks; no rows without the collector's samples: unknown, not 0)
+           -- whole process's (greatest skips a NULL one; host_cpu_ranks has no rows without the
+           -- collector's samples: unknown, not 0)
     SELECT run, rank, greatest(wait_ns_per_step - peers_wait_ns_per_step,
-                               coalesce(proc_wait_ns_per_step - peers_proc_wait_ns_per_step, 0)) AS wait_excess_ns
+                               proc_wait_ns_per_step - peers_proc_wait_ns_per_step) AS wait_excess_ns
     FROM host_cpu_ranks
 )
 SELECT p.run, p.rank, p.delay_ns_per_step, p.delay_pct, p.imposed_wait_ns_per_step, p.steps, p.steps_flagged,
