@@ -192,7 +192,7 @@ def typical_durations(g: Graph, reference: np.ndarray | None = None, roles: bool
 
 
 def _typical_by_keys(g: Graph, is_ref: np.ndarray, keys, group: np.ndarray | None = None,
-                  n_groups: int = 1, values: np.ndarray | None = None, first_level: int = 0) -> np.ndarray:
+                     n_groups: int = 1, values: np.ndarray | None = None, first_level: int = 0) -> np.ndarray:
     """Per node, the typical ``values`` (default: durations) over the reference nodes of its key
     (finest key first; NaN where no reference node has any of its keys); ``group`` (per node, >= 0)
     splits every key further (a node is then compared only within its group; a node of group -1
