@@ -71,12 +71,15 @@ charged AS (  -- the part of each gap during which a receive was pending (or the
     -- end of a phase): a gap under an open send is a wait on it for the part inside the send call,
     -- and up to the send's completion only when the stage was still idle then and did its next thing
     -- (compute, or a communication call) within p2p_wait_max_tail_ns of it -- blocked on the send,
-    -- not busy with a delay of its own (a sleep right after an isend is the stage's own time)
+    -- not busy with a delay of its own (a sleep right after an isend is the stage's own time); a
+    -- receive is a wait up to its completion only when it completed before the gap ended (a stage
+    -- that went back to work before the data came was not waiting on it)
     SELECT run, rank, step, lo_ns, hi_ns, src_rank, c_lo, c_hi FROM (
         SELECT g.run, g.rank, g.step, g.lo_ns, g.hi_ns, p.src_rank, greatest(g.lo_ns, p.lo_ns) AS c_lo,
-               CASE WHEN NOT p.is_send
-                         OR (g.hi_ns >= p.hi_ns AND least(g.hi_ns, coalesce(p.next_call_ns, g.hi_ns))
-                                                    <= p.hi_ns + getvariable('p2p_wait_max_tail_ns'))
+               CASE WHEN NOT p.is_send AND p.hi_ns <= g.hi_ns
+                         OR (p.is_send AND g.hi_ns >= p.hi_ns
+                             AND least(g.hi_ns, coalesce(p.next_call_ns, g.hi_ns))
+                                 <= p.hi_ns + getvariable('p2p_wait_max_tail_ns'))
                     THEN least(g.hi_ns, p.hi_ns) ELSE least(g.hi_ns, p.call_end_ns) END AS c_hi
         FROM gaps g JOIN pending_steps p ON p.run = g.run AND p.rank = g.rank AND p.step IS NOT DISTINCT FROM g.step
          AND p.lo_ns < g.hi_ns AND p.hi_ns > g.lo_ns

@@ -49,6 +49,10 @@ SELECT run, rank, step, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns FROM _pipeline_
 -- inside the send call, and up to the send's completion only when the stage was still idle then and
 -- did its next thing (compute, or a communication call) within p2p_wait_max_tail_ns of it -- blocked on
 -- the send, not busy with a delay of its own (a sleep right after an isend is the stage's own time).
+-- A receive posted ahead (the interleaved schedules post the next micro-batch's receives before they
+-- compute this one) is a wait up to its completion only when it completed before the gap ended: a
+-- stage that went back to work before the data came was not waiting on it (its gap under the open
+-- receive is its own time, e.g. a sleep in its forward), only the receive call itself is.
 -- Columns: run, rank, step, lo_ns, hi_ns (the gap), c_lo, c_hi (the island), src_rank (the peer of its
 -- longest part; ties: the lowest rank), part_ns (that part's length).
 -- scope: rank
@@ -84,9 +88,10 @@ pending_steps AS MATERIALIZED (  -- each pending call with the steps whose gaps 
 charged AS (
     SELECT run, rank, step, lo_ns, hi_ns, src_rank, c_lo, c_hi FROM (
         SELECT g.run, g.rank, g.step, g.lo_ns, g.hi_ns, p.src_rank, greatest(g.lo_ns, p.lo_ns) AS c_lo,
-               CASE WHEN NOT p.is_send
-                         OR (g.hi_ns >= p.hi_ns AND least(g.hi_ns, coalesce(p.next_call_ns, g.hi_ns))
-                                                    <= p.hi_ns + getvariable('p2p_wait_max_tail_ns'))
+               CASE WHEN NOT p.is_send AND p.hi_ns <= g.hi_ns
+                         OR (p.is_send AND g.hi_ns >= p.hi_ns
+                             AND least(g.hi_ns, coalesce(p.next_call_ns, g.hi_ns))
+                                 <= p.hi_ns + getvariable('p2p_wait_max_tail_ns'))
                     THEN least(g.hi_ns, p.hi_ns) ELSE least(g.hi_ns, p.call_end_ns) END AS c_hi
         FROM gaps g JOIN pending_steps p ON p.run = g.run AND p.rank = g.rank AND p.step IS NOT DISTINCT FROM g.step
          AND p.lo_ns < g.hi_ns AND p.hi_ns > g.lo_ns
