@@ -104,7 +104,8 @@ f AS (SELECT *, min(pos) OVER (PARTITION BY key) AS first_pos, max(start) OVER (
 -- a p2p run on its caller thread was waited for lazily (gloo's isend/irecv: the span stays open
 -- until the work is waited for, while the thread does other work) when its span outlasts its
 -- instance's first completion by more than $tail_ns (a send waited for at the end of the step) or
--- holds the start of the thread's next communication (an irecv posted ahead of the work it feeds).
+-- holds the start of the thread's next communication (an irecv posted ahead of the work it feeds);
+-- or, rank by rank (_HELD), holds the start of other work of its thread that outlasts it.
 -- It runs on a lane of its own (a queue lane, as a collective run by a runloop thread), so the
 -- thread's own work inside the span stays the thread's; its end is fixed in _LAZY_ENDS
 y AS (SELECT *, is_p2p AND NOT on_gpu AND coalesce(exec_tid = enq_tid, false)
@@ -131,10 +132,31 @@ WITH i AS (SELECT inst, any_value(bytes) AS bytes, any_value(last_arrival) AS la
            FROM {cm0} WHERE is_p2p GROUP BY inst),
 q AS (SELECT bytes, quantile_cont(x, $transfer_q) AS typ FROM i WHERE x >= 0 GROUP BY bytes),
 d AS (SELECT i.inst, i.la + least(greatest(i.x, 0), coalesce(q.typ, greatest(i.x, 0)))::BIGINT AS done
-      FROM i LEFT JOIN q USING (bytes) WHERE i.lazy),
-e AS (SELECT m.* REPLACE (CASE WHEN m.lazy THEN greatest(coalesce(d.done, m."end"), m.start) ELSE m."end" END AS "end")
+      FROM i LEFT JOIN q USING (bytes)),   -- every p2p's (lazy_end): one found lazy by its rank (_HELD) takes it then
+e AS (SELECT m.* REPLACE (CASE WHEN m.lazy THEN greatest(coalesce(d.done, m."end"), m.start) ELSE m."end" END AS "end"),
+             d.done AS lazy_end
       FROM {cm0} m LEFT JOIN d USING (inst))
 SELECT *, least(last_arrival, greatest("end", start)) AS c FROM e"""
+
+# A p2p span on its caller thread that holds the start of other work of the thread outlasting it was
+# waited for lazily too: a blocking call holds all its thread did (the interleaved schedules post the
+# next micro-batch's receive, then begin this one's forward while the data comes in). Read from the
+# rank's events (load_ranks), so the run-wide part reads no events: over the thread's work (its
+# events but the communication spans, which stay open while it goes on), the latest end of the work
+# begun up to the span's start is within the span and that of the work begun before its end is
+# beyond it (an enclosing range -- the work begun before the span outlasting it -- says nothing:
+# such a span stays as it was). Columns: rank, comm_id.
+_HELD = """
+WITH p AS (SELECT rank, comm_id, exec_tid AS tid, start, "end" FROM {cm} WHERE on_cpu AND is_p2p),
+x AS (SELECT e.rank, e.tid, e.ts, max(e.te) OVER (PARTITION BY e.rank, e.tid ORDER BY e.ts, e.event_id
+                                                  ROWS UNBOUNDED PRECEDING) AS pm
+      FROM {ev} e SEMI JOIN (SELECT DISTINCT rank, tid FROM p) t ON t.rank = e.rank AND t.tid = e.tid
+      ANTI JOIN {cm} m ON m.rank = e.rank AND m.exec_event_id = e.event_id
+      WHERE e.kind <> 'step' AND NOT e.is_gpu),
+a AS (SELECT p.*, x.pm AS pm_start FROM p ASOF LEFT JOIN x ON x.rank = p.rank AND x.tid = p.tid AND x.ts <= p.start),
+b AS (SELECT a.*, x.pm AS pm_end FROM a ASOF LEFT JOIN x ON x.rank = a.rank AND x.tid = a.tid AND x.ts < a."end")
+SELECT rank, comm_id FROM b WHERE pm_end > "end" AND coalesce(pm_start, pm_end - 1) <= "end"
+"""
 
 # the activity of threads with lazily waited p2p: every start of an event (nested ones too) and
 # every end but a lazy span's (that is the wait's end)
@@ -251,6 +273,12 @@ def load_ranks(s: Scratch) -> None:
     # stores before schema 1.3 have no events.nested: every event is fetched (the same top-level work)
     nested = "coalesce(e.nested, false)" if "nested" in cols else "false"
     s.make("ev", _EVENTS.replace("{nested}", nested))
+    s.make("held", _HELD)
+    # (_COMMS's lazy members, their ends fixed as in _LAZY_ENDS; every right-hand side reads the old row)
+    s.query("""UPDATE {cm} SET lazy = true, lazy_tid = exec_tid, exec_tid = -1 - comm_id, on_cpu = false, is_q = true,
+                 "end" = greatest(coalesce(lazy_end, "end"), start),
+                 c = least(last_arrival, greatest(coalesce(lazy_end, "end"), start))
+               WHERE (rank, comm_id) IN (SELECT rank, comm_id FROM {held})""").fetchall()
     s.make("lazy", "SELECT rank, lazy_tid AS tid, exec_event_id FROM {cm} WHERE lazy")
     s.make("cpu", _CPU_THREADS)
     s.make("tops", _TOPS)
