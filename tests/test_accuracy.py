@@ -207,3 +207,37 @@ def test_slow_host_findings_are_scored_apart(scored):
     assert (noisy.kind, noisy.ranks, noisy.analysis) == ("slow_host", [1], "slow host")
     assert sc.names_culprit(dict(host, rank=1), noisy)
     assert not sc.names_culprit(dict(host, rank=1, kind="straggler"), noisy)
+
+
+#: Interleaved1F1B, 4 ranks x 2 stages, stage 5 (rank 1's second) sleeping 10 ms in every micro-batch
+#: forward: 80 ms per step. The schedule posts the next micro-batch's receives before it computes this one.
+INTERLEAVED_FAULT = "pp_interleaved_4rank_slow5"
+
+
+@pytest.fixture(scope="module")
+def interleaved_store(tmp_path_factory):
+    s = tmp_path_factory.mktemp("accuracy_interleaved") / "store"
+    ta.ingest([TRACES / INTERLEAVED_FAULT], s, run=INTERLEAVED_FAULT, progress=False, workers=1)
+    return s
+
+
+def test_interleaved_slow_stage_own_time_and_what_if_hold_the_whole_delay(interleaved_store):
+    """A receive posted ahead of the forward it feeds is no wait while the stage sleeps in that forward:
+    the slow stage's own time beyond the others' is the injected delay, not the half of it that fell
+    before the receives came in -- and idealising the rank removes all of it from the replayed step
+    (a receive span that holds the start of the forward's range is waited for lazily, not the range's
+    parent). Before, both were 40-43 ms of the 80."""
+    from traceanalyzer import analyses
+    gt = json.loads((TRACES / INTERLEAVED_FAULT / "manifest.json").read_text())["ground_truth"]
+    t = sc.truth(gt)
+    assert (t.kind, t.ranks, t.injected_ms, gt["schedule"]) == ("slow_stage", [1], 80.0, "interleaved1f1b")
+    slow = analyses.slow_stages(interleaved_store, run=INTERLEAVED_FAULT)
+    first = slow.sort_values("rank_order").iloc[0]
+    assert int(first["rank"]) == 1 and bool(first["is_finding"])
+    assert first["excess_ns_per_step"] / 1e6 == pytest.approx(t.injected_ms, rel=0.2)
+    assert not slow[slow["rank"] != 1]["is_finding"].any()
+
+    w = replay.what_if(replay.build_graph(interleaved_store, run=INTERLEAVED_FAULT),
+                       {"actions": [{"action": "idealize", "ranks": t.ranks}]})
+    saved_ms = (w.job_step_ns("identity_ns") - w.job_step_ns()) / 1e6
+    assert saved_ms == pytest.approx(t.injected_ms, rel=0.25)
