@@ -149,12 +149,23 @@ def test_runs_without_rank_findings_are_not_replayed(doc):
                    for f in doc[run]["findings"])
 
 
+def test_the_report_saves_the_replay_graphs_it_built(built):
+    """The report replays through the graph pieces saved in the store (built and saved by the first
+    report): the next one stitches them instead of building the graph again."""
+    from traceanalyzer.replay.graph import pieces
+    from traceanalyzer.store import files as st
+    rep, _, store = built
+    replayed = {r.run for r in rep.runs if r.replay.status == "ok"}
+    saved = set(st.read_manifest(st.location(store)).extra.get(pieces.ENTRY, {}))
+    assert replayed and replayed <= saved, (replayed, saved)
+
+
 def test_report_survives_a_failing_replay(built, monkeypatch, tmp_path):
     """Replay breaking (here: the graph builder raising) must not break the report: the findings
     keep the analyses' estimates (the wait a straggler imposes), and the report says why."""
     from traceanalyzer import replay
 
-    def broken(store, run):
+    def broken(store, run, **kwargs):
         raise RuntimeError("graph: no comms joined\nsecond line")
     monkeypatch.setattr(replay, "build_graph", broken)
     rep = report.build_report(built[2], run="ddp_gloo_4rank_slow2", figures=False)

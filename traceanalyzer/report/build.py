@@ -51,14 +51,16 @@ class Report:
 
 
 def build_run(data: RunData, figures: bool | str = True, store=None, replay: bool = True,
-              replay_max_events: int = REPLAY_MAX_EVENTS, render: bool = True) -> RunReport:
-    """One run's report; with ``replay`` (and the ``store``), rank findings are re-ranked by their
+              replay_max_events: int = REPLAY_MAX_EVENTS, render: bool = True, con=None) -> RunReport:
+    """One run's report; with ``replay`` (and the ``store``; ``con``: a connection over it already
+    open), rank findings are re-ranked by their
     what-if replay (whatif.py), falling back to the analyses' estimates if replay fails. With
     ``figures``, the figures that apply to the run; drawn here with ``render``, else when a writer
     first needs their PNG (:func:`render_pending`; the JSON report never does); ``"listed"``:
     only named, titled and captioned (see :func:`build_report`)."""
     findings = rank_findings(data)
-    rp = apply_replay(store, data, findings, replay_max_events) if replay and store is not None else RunReplay("off", "replay not asked for")
+    rp = apply_replay(store, data, findings, replay_max_events, con=con) if replay and store is not None \
+        else RunReplay("off", "replay not asked for")
     findings = confirm_by_replay(data, findings)
     annotate(data, findings, median_step_ns(data))
     figs, errors = plan_figures(data) if figures else ([], [])
@@ -89,10 +91,11 @@ def build_report(store: str | os.PathLike, run: str | None = None, figures: bool
         if dask is None:  # in this process, one run after the other (what run_all does without dask)
             # the replay reads the store through a cursor of this connection: the store's views without
             # opening it again, and none of this connection's temporary tables or parameters (a DuckDB
-            # cursor is a new connection to the same database: the state of a freshly opened store)
+            # cursor is a new connection to the same database: the state of a freshly opened store);
+            # its graph is stitched from the pieces saved in the store (built and saved the first time)
             cur = con.cursor()
             try:
-                reports = [build_run(d, figures, cur, replay, replay_max_events, render) for d in datas]
+                reports = [build_run(d, figures, store, replay, replay_max_events, render, con=cur) for d in datas]
             finally:
                 cur.close()
     finally:

@@ -107,12 +107,15 @@ def _structural_plan(f: Finding, data: RunData, ranks: list[int]) -> dict:
     return {"actions": actions}
 
 
-def apply_replay(store, data: RunData, findings: list[Finding], max_events: int = REPLAY_MAX_EVENTS) -> RunReplay:
+def apply_replay(store, data: RunData, findings: list[Finding], max_events: int = REPLAY_MAX_EVENTS,
+                 con=None) -> RunReplay:
     """Replay the what-if of each rank finding (in place: ``Finding.replay``, and the recoverable
-    time becomes the replay's saving), re-rank ``findings``, and return the run's replay status."""
+    time becomes the replay's saving), re-rank ``findings``, and return the run's replay status.
+    ``store``: the store (or a connection over it); ``con``: a connection over the store already open,
+    used for its views (the graph is then stitched from the pieces saved in the store)."""
     for f in findings:
         if f.kind == "exposed_comm" and data.events <= max_events:
-            _overlap_whatif(store, data, f)
+            _overlap_whatif(store if con is None else con, data, f)
     targets = sorted([f for f in findings if f.kind in REPLAY_KINDS and f.rank is not None],
                      key=lambda f: -f.recoverable_ns_per_step)
     if not targets:
@@ -133,7 +136,7 @@ def apply_replay(store, data: RunData, findings: list[Finding], max_events: int 
     from .. import replay
     t0 = time.perf_counter()
     try:
-        g = replay.build_graph(store, data.run)
+        g = replay.build_graph(store, data.run, con=con)
     except Exception as exc:  # noqa: BLE001 -- the report must not fail because replay did
         out = RunReplay("failed", f"the replay graph could not be built ({_one_line(exc)}); recoverable times "
                                   f"are the analyses' estimates (wait imposed on the peers, or excess time)")
