@@ -1,5 +1,5 @@
 """ruff (pyflakes' unused and undefined names, syntax errors, import order; configured in
-pyproject.toml) over the package, the tests and the benchmarks."""
+pyproject.toml) over the package, the tests, the benchmarks and the notebooks."""
 from __future__ import annotations
 
 import shutil
@@ -15,7 +15,7 @@ def test_ruff_finds_nothing():
     ruff = shutil.which("ruff") or str(Path(sys.executable).parent / "ruff")
     if not Path(ruff).exists():
         pytest.skip("ruff is not installed (it comes with the 'test' extra)")
-    r = subprocess.run([ruff, "check", "--no-cache", "traceanalyzer", "tests", "benchmarks"], cwd=ROOT,
+    r = subprocess.run([ruff, "check", "--no-cache", "traceanalyzer", "tests", "benchmarks", "notebooks"], cwd=ROOT,
                        capture_output=True, text=True)
     assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
 
