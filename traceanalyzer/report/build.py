@@ -53,11 +53,10 @@ class Report:
 def build_run(data: RunData, figures: bool | str = True, store=None, replay: bool = True,
               replay_max_events: int = REPLAY_MAX_EVENTS, render: bool = True, con=None) -> RunReport:
     """One run's report; with ``replay`` (and the ``store``; ``con``: a connection over it already
-    open), rank findings are re-ranked by their
-    what-if replay (whatif.py), falling back to the analyses' estimates if replay fails. With
-    ``figures``, the figures that apply to the run; drawn here with ``render``, else when a writer
-    first needs their PNG (:func:`render_pending`; the JSON report never does); ``"listed"``:
-    only named, titled and captioned (see :func:`build_report`)."""
+    open), rank findings are re-ranked by their what-if replay (whatif.py), falling back to the
+    analyses' estimates if replay fails. With ``figures``, the figures that apply to the run; drawn
+    here with ``render``, else when a writer first needs their PNG (:func:`render_pending`; the JSON
+    report never does); ``"listed"``: only named, titled and captioned (see :func:`build_report`)."""
     findings = rank_findings(data)
     rp = apply_replay(store, data, findings, replay_max_events, con=con) if replay and store is not None \
         else RunReplay("off", "replay not asked for")
