@@ -14,9 +14,10 @@
 -- group with step NULL, so that nothing is left out. Steps are aligned (step_alignment.sql): the
 -- same iteration has the same number on every rank.
 --
--- The sweep: every interval contributes +1 at its start and -1 at its end for its category; equal
--- timestamps are merged and a running sum gives, between consecutive timestamps, how many
--- intervals of each category are active. Each such segment gets one label by priority:
+-- The sweep: every interval contributes +1 at its start and -1 at its end for its category; a
+-- running sum in time order gives, between consecutive timestamps, how many intervals of each
+-- category are active (of the rows of one timestamp, the last one's sums count them all and only it
+-- starts a segment longer than zero: equal timestamps need no merging). Each such segment gets one label by priority:
 -- compute > comm > memory > idle. 'comm' segments are therefore exposed communication (no compute
 -- ran at the same time), and merged intervals are never double-counted.
 --
@@ -75,16 +76,13 @@ WITH deltas AS (
            -(category = 'compute')::INT, -(category = 'comm')::INT, -(category = 'memory')::INT
     FROM query_table(tbl)
 ),
-merged AS (
-    SELECT run, rank, window_id, step, t, sum(d_compute) AS d_compute, sum(d_comm) AS d_comm, sum(d_memory) AS d_memory
-    FROM deltas GROUP BY ALL
-),
 running AS (
     SELECT run, rank, window_id, step, t AS lo_ns,
            CASE WHEN lead(run) OVER w = run AND lead(rank) OVER w = rank AND lead(window_id) OVER w = window_id
                      AND lead(step) OVER w IS NOT DISTINCT FROM step THEN lead(t) OVER w END AS hi_ns,
            sum(d_compute) OVER w AS n_compute, sum(d_comm) OVER w AS n_comm, sum(d_memory) OVER w AS n_memory
-    FROM merged
+    FROM deltas   -- not merged per timestamp first: a GROUP BY over every delta cost more than the
+                  -- zero-length segments it saves (1.55-2.12 against 1.35-1.58 CPU s, 0.95 M intervals)
     WINDOW w AS (ORDER BY run, rank, window_id, step, t ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
 )
 SELECT run, rank, window_id, step, lo_ns, hi_ns, hi_ns - lo_ns AS dur_ns,
