@@ -260,7 +260,7 @@ def test_a_straggler_found_by_its_wait_for_a_core_is_a_slow_host_whatever_its_wo
                          "proc_wait_ns_per_step": [3.65e6, 6.82e6], "peers_proc_wait_ns_per_step": [6.82e6, 3.65e6]})
     tables = {"host_cpu": host, "imbalance": pd.DataFrame({"rank": [0, 1], "same_work": [False, False]}),
               "stragglers": pd.DataFrame({"rank": [1], "delay_ns_per_step": [2.90e6], "delay_pct": [14.6],
-                                          "phase_excess_ns_per_step": [0.02e6]})}
+                                          "phase_excess_ns_per_step": [0.02e6], "phase_excess_pct": [0.1]})}
 
     class Data:
         params: dict = {}
@@ -275,6 +275,7 @@ def test_a_straggler_found_by_its_wait_for_a_core_is_a_slow_host_whatever_its_wo
     assert "extra wait for a core (+3.17 ms)" in f.evidence[0] and "no phase of its own 10%" in f.evidence[0]
     # the same rank with a phase of its own 10 % of the step slower (a sleep): its work differs, stays
     tables["stragglers"]["phase_excess_ns_per_step"] = 2.5e6
+    tables["stragglers"]["phase_excess_pct"] = 12.6     # of its 19.9 ms step
     f = Finding(kind="straggler", title="Straggler: rank 1", recoverable_ns_per_step=3.11e6, recoverable_pct=15.7,
                 summary="", rank=1)
     _slow_hosts(Data(), [f])

@@ -245,6 +245,9 @@ _sql("stragglers", "straggler_findings", "run, rank_order", "Ranks that cost the
     ("phase_excess_ns_per_step", F64, _NS, "median excess over its peers in that phase"),
     ("annotation", STR, "", "innermost user annotation (record_function range) of that phase holding the most excess"),
     ("annotation_excess_ns_per_step", F64, _NS, "median excess over its peers in that annotation (exclusive time)"),
+    ("phase_excess_pct", F64, "%", "phase_excess_ns_per_step as % of the median step time"),
+    ("host_wait_excess_pct", F64, "%", "its threads' extra wait for a CPU core per step beyond its peers', as % of the "
+                                       "median step time (unknown without the collector's CPU samples)"),
     ("rank_order", I64, "", "1 = costliest")])
 _sql("phases", "step_phases", "run, step, rank", "Forward / backward / sync / optimizer time per rank and step.", _RUN_RANK + [
     ("step", I32, "", "ProfilerStep"), ("step_start_ns", I64, _NS, "step start"), ("step_end_ns", I64, _NS, "step end"),

@@ -437,9 +437,8 @@ def _slow_hosts(data: RunData, found: list[Finding]) -> None:
     same = im.set_index("rank")["same_work"] if not im.empty and "same_work" in im else pd.Series(dtype=object)
     st = st.set_index("rank") if not st.empty else pd.DataFrame(columns=["phase_excess_ns_per_step"])
     phase = st["phase_excess_ns_per_step"]
-    # per straggler, its step time (delay / delay_pct) and whether a phase of its own showed it slow
-    step = st["delay_ns_per_step"] * 100.0 / st["delay_pct"] if "delay_pct" in st else pd.Series(dtype=float)
-    by_wait = (100.0 * phase.fillna(0) / step < own_pct) if len(step) else pd.Series(dtype=bool)
+    # a straggler no phase of its own showed slow enough: the analyses admitted it by its wait for a core
+    by_wait = st["phase_excess_pct"].fillna(0) < own_pct if "phase_excess_pct" in st else pd.Series(dtype=bool)
     for f in found:
         if f.kind not in ("straggler", "slow_stage") or f.also or f.rank not in hosts.index:
             continue

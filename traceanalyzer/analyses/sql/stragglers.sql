@@ -247,7 +247,7 @@ LEFT JOIN where_named n ON n.run = p.run AND n.rank = p.rank AND n.phase = w.pha
 LEFT JOIN host h ON h.run = p.run AND h.rank = p.rank;
 
 CREATE OR REPLACE TEMP VIEW straggler_findings AS
-SELECT * EXCLUDE (phase_excess_pct, host_wait_excess_pct),
+SELECT *,
        row_number() OVER (PARTITION BY run ORDER BY delay_ns_per_step DESC, rank) AS rank_order
 FROM straggler_candidates
 WHERE delay_pct >= getvariable('straggler_min_delay_pct')
