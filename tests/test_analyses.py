@@ -408,3 +408,23 @@ def test_steps_are_aligned_by_the_collectives_they_share(slow2_aligned, tmp_path
     for fn in ALIGNED_ANALYSES:
         got, want = fn(store), slow2_aligned[fn.__name__]
         assert got.equals(want), fn.__name__
+
+
+def test_saved_results_of_another_version_are_not_relabelled(tmp_path, monkeypatch):
+    """A table's saved entry states one results version and one set of parameters for every run's
+    file it lists: saving run b under a new version must not pass run a's old file off as new (the
+    report would read it instead of analysing a again); under the same version both stay listed."""
+    from traceanalyzer.analyses.results import analyze
+    from traceanalyzer.report.load import missing_results
+    store = tmp_path / "s"
+    ta.ingest([TRACES / "ddp_gloo_2rank"], store, run="a")
+    ta.ingest([TRACES / "ddp_gloo_2rank_imb1"], store, run="b")
+    analyze(store, run="a", only=["stragglers"])
+    analyze(store, run="b", only=["stragglers"])
+    files = json.loads((store / "_store.json").read_text())["results"]["stragglers"]["files"]
+    assert set(files) == {"a", "b"}
+    monkeypatch.setattr(S, "RESULTS_VERSION", S.RESULTS_VERSION + ".1")
+    analyze(store, run="b", only=["stragglers"])
+    files = json.loads((store / "_store.json").read_text())["results"]["stragglers"]["files"]
+    assert set(files) == {"b"}
+    assert "stragglers" in missing_results(store, ["a"])["a"] and "stragglers" not in missing_results(store, ["b"]).get("b", [])

@@ -106,6 +106,10 @@ def save(store: str | os.PathLike, results: dict[str, pd.DataFrame], params: dic
         saved = manifest.extra.setdefault("results", {})
         for name, table in tables.items():
             entry = saved.setdefault(name, {"files": {}})
+            if entry.get("version") != S.RESULTS_VERSION or entry.get("params") != params:
+                # the entry's version and parameters are those of every file it lists: the other runs'
+                # files, made by another version or with other parameters, are no longer its results
+                entry["files"] = {r: f for r, f in entry["files"].items() if r in runs}
             for run in runs:
                 rel = st.put_table(store, table.filter(pa.compute.equal(table["run"], run)),
                                    f"_results/{name}/{run}.{gen}")
