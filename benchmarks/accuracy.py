@@ -35,7 +35,7 @@ import shutil
 import statistics
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -299,6 +299,9 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=2, help="recordings of each clean run (spread)")
     p.add_argument("--fault-repeats", type=int, default=1, help="recordings of each fault run (each scored)")
     p.add_argument("--record-only", action="store_true")
+    p.add_argument("--slow-spin", action="store_true",
+                   help="the slow ranks busy-wait their delay (workloads' --slow-spin) instead of sleeping: "
+                        "their core is not handed to the ranks sharing it (record into a corpus of its own)")
     p.add_argument("--cache", default="default",
                    help="name of the analysis cache (CORPUS/analysis-NAME: store and per-run results); a new name "
                         "re-analyses every run (e.g. after changing the code)")
@@ -312,6 +315,8 @@ def main(argv=None) -> int:
     chosen |= {by_name[n].twin for n in chosen if by_name[n].twin}
     cases = sorted((c for c in CASES if c.name in chosen),
                    key=lambda c: min([i for i, g in enumerate(globs) if fnmatch.fnmatch(c.name, g)] or [len(globs)]))
+    if a.slow_spin:
+        cases = [replace(c, args=c.args + ["--slow-spin"]) if "--slow-ms" in c.args else c for c in cases]
     cache = corpus / f"analysis-{a.cache}"
     if a.cached_only:
         done = {p.stem for p in (cache / "reports").glob("*.json")}

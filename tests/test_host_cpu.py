@@ -280,3 +280,22 @@ def test_a_straggler_found_by_its_wait_for_a_core_is_a_slow_host_whatever_its_wo
                 summary="", rank=1)
     _slow_hosts(Data(), [f])
     assert f.kind == "straggler"
+
+
+def test_a_rank_busy_in_its_own_code_is_a_straggler_not_a_slow_host(tmp_path):
+    """traces/ddp_gloo_2rank_spin1 (a real 2-rank DDP recording, one rank per core): rank 1
+    busy-waits 10 ms in every forward (``--slow-spin``: its own untraced code on the training thread,
+    as Python-side preprocessing or logging on one rank is). It ran ~11 ms more CPU per step than
+    rank 0 and its process's threads waited ~10 ms more for its core -- behind its own busy training
+    thread -- which covered its slower forward, so it was called a slow host (its host blamed for its
+    own code). Its operations, the same as its peer's, took only ~5 ms longer: the rest of its extra
+    CPU ran outside every traced operation. A straggler, with that as evidence."""
+    import traceanalyzer as ta
+    from traceanalyzer.report.build import build_report
+    store = tmp_path / "s"
+    ta.ingest([str(TRACES / "ddp_gloo_2rank_spin1")], str(store), progress=False)
+    rr = build_report(str(store), figures=False).runs[0]
+    assert [(f.kind, f.rank) for f in rr.findings] == [("straggler", 1)], [(f.kind, f.rank) for f in rr.findings]
+    own = [e for e in rr.findings[0].evidence if "outside its traced operations" in e]
+    assert own and "not its host" in own[0], rr.findings[0].evidence
+    assert 8.0 <= rr.findings[0].recoverable_ns_per_step / 1e6 <= 13.0     # 10 ms a step injected

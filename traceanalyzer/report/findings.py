@@ -426,6 +426,11 @@ def _slow_hosts(data: RunData, found: list[Finding]) -> None:
     * a slow pipeline stage whose extra wait for a core alone covers that share of its excess own
       time (its CPU time is not compared: another stage runs other layers).
 
+    What a straggler's own code did is not its host: its training thread's extra CPU time counts only
+    as far as its operations took longer than its peers' (the rest ran outside every traced operation:
+    its own untraced code on that thread -- Python, data loading, a busy-wait), and its threads' extra
+    wait for a core less that rest (the time they waited behind it).
+
     Unknown (no samples, no work comparison): the finding stays as it is."""
     hc = data.r("host_cpu")
     if hc.empty or "run_ns_per_step" not in hc:
@@ -435,6 +440,8 @@ def _slow_hosts(data: RunData, found: list[Finding]) -> None:
     own_pct = float(data.params.get("straggler_min_excess_pct", default("straggler_min_excess_pct")))
     hosts = hc.set_index("rank")
     same = im.set_index("rank")["same_work"] if not im.empty and "same_work" in im else pd.Series(dtype=object)
+    ops = im.set_index("rank")["compute_ns_per_step"] if not im.empty and "compute_ns_per_step" in im \
+        else pd.Series(dtype=float)
     st = st.set_index("rank") if not st.empty else pd.DataFrame(columns=["phase_excess_ns_per_step"])
     phase = st["phase_excess_ns_per_step"]
     # a straggler no phase of its own showed slow enough: the analyses admitted it by its wait for a core
@@ -450,6 +457,7 @@ def _slow_hosts(data: RunData, found: list[Finding]) -> None:
         extra_proc = h.get("proc_wait_ns_per_step", np.nan) - h.get("peers_proc_wait_ns_per_step", np.nan)
         if pd.notna(extra_wait) and pd.notna(extra_proc):
             extra_wait = max(extra_wait, extra_proc)
+        own_cpu = 0.0   # CPU its training thread spent beyond its peers' outside its operations
         found_by_wait = f.kind == "straggler" and bool(by_wait.get(f.rank, False))
         if found_by_wait:
             ex, what, extra_run = float(st.loc[f.rank, "delay_ns_per_step"]), "the wait it cost each peer", 0.0
@@ -457,11 +465,19 @@ def _slow_hosts(data: RunData, found: list[Finding]) -> None:
             if f.rank not in phase.index or not (same.get(f.rank) is True or same.get(f.rank) == 1):
                 continue
             ex, what = float(phase[f.rank]), "its slower phase"
+            if f.rank in ops.index and len(ops) > 1 and pd.notna(extra_run) and pd.notna(extra_wait):
+                ops_x = max(float(ops[f.rank] - ops.drop(f.rank).median()), 0.0)
+                own_cpu, extra_run = max(extra_run - ops_x, 0.0), min(extra_run, ops_x)
+                extra_wait = max(extra_wait - own_cpu, 0.0)
         else:
             ex, what, extra_run = float(f.recoverable_ns_per_step), "its excess own time", 0.0
         # (found by its wait alone, a straggler is a slow host whatever share of its cost the wait covers)
         if pd.isna(extra_run) or pd.isna(extra_wait) or not ex > 0 \
                 or not (found_by_wait or 100.0 * (extra_run + extra_wait) >= min_pct * ex):
+            if own_cpu > 0.1 * ex:
+                f.evidence.append(f"its training thread ran {ms(own_cpu)} more CPU per step than its peers' outside its "
+                                  f"traced operations: its own untraced code on that thread (Python between operators, "
+                                  f"data loading, a busy-wait), not its host")
             continue
         share = 100.0 * (extra_run + extra_wait) / ex
         parts = []

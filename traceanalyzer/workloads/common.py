@@ -33,6 +33,9 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slow-rank", type=int, default=None, help="rank to slow down (straggler)")
     p.add_argument("--slow-ms", type=float, default=0.0,
                    help="sleep per forward on --slow-rank (pipeline: per micro-batch forward)")
+    p.add_argument("--slow-spin", action="store_true",
+                   help="--slow-ms busy-waits on the rank's core instead of sleeping: a slow device keeps its "
+                        "host's core as busy as its work does (a sleep hands the core to the ranks sharing it)")
     p.add_argument("--annotate-delay", action="store_true",
                    help=f"ddp: wrap the --slow-ms sleep in record_function({DELAY_ANNOTATION!r}), as a user "
                         "would name a region (default: the sleep is not annotated)")
@@ -137,6 +140,11 @@ def straggler_delay_s(args: argparse.Namespace, rank: int) -> float:
     return args.slow_ms / 1000.0 if args.slow_rank == rank else 0.0
 
 
+def straggler(model: torch.nn.Module, args: argparse.Namespace, delay_s: float, annotate: bool = False) -> "Straggler":
+    """``model`` wrapped to wait ``delay_s`` per forward, as ``--slow-spin`` says (busy or asleep)."""
+    return Straggler(model, delay_s, annotate=annotate, spin=getattr(args, "slow_spin", False))
+
+
 def imbalance_factor(args: argparse.Namespace, rank: int) -> float:
     """How much work this rank does relative to the others (1.0 unless it is --imbalance-rank)."""
     return args.imbalance_factor if args.imbalance_rank == rank else 1.0
@@ -152,7 +160,8 @@ def fault_ground_truth(args: argparse.Namespace) -> dict:
     return {"slow_rank": args.slow_rank if args.slow_ms > 0 else None,
             "slow_ms": args.slow_ms if args.slow_rank is not None else 0.0,
             "imbalance_rank": args.imbalance_rank if imbalanced else None,
-            "imbalance_factor": args.imbalance_factor if imbalanced else 1.0}
+            "imbalance_factor": args.imbalance_factor if imbalanced else 1.0,
+            "slow_spin": bool(getattr(args, "slow_spin", False))}
 
 
 def injected_faults(args: argparse.Namespace, *, per_forward: int = 1) -> list[dict]:
@@ -181,7 +190,8 @@ def layout(*, dp: int = 1, tp: int = 1, pp: int = 1, ep: int = 1, cp: int = 1,
 
 
 class Straggler(torch.nn.Module):
-    """Wraps a model; sleeps in its forward, making this rank a real straggler.
+    """Wraps a model; sleeps (or, with ``spin``, busy-waits) in its forward, making this rank a real
+    straggler.
 
     By default the sleep is deliberately not annotated in the trace: the analyzer must
     find the straggler from its effect on the collectives, as with a real one. With
@@ -189,19 +199,28 @@ class Straggler(torch.nn.Module):
     DELAY_ANNOTATION, as a user's ``record_function`` region would.
     """
 
-    def __init__(self, model: torch.nn.Module, delay_s: float, annotate: bool = False):
+    def __init__(self, model: torch.nn.Module, delay_s: float, annotate: bool = False, spin: bool = False):
         super().__init__()
         self.model = model
         self.delay_s = delay_s
         self.annotate = annotate
+        self.spin = spin
+
+    def _wait(self) -> None:
+        if not self.spin:
+            time.sleep(self.delay_s)
+            return
+        end = time.perf_counter() + self.delay_s
+        while time.perf_counter() < end:
+            pass
 
     def forward(self, *inputs):
         if self.delay_s > 0:
             if self.annotate:
                 with torch.profiler.record_function(DELAY_ANNOTATION):
-                    time.sleep(self.delay_s)
+                    self._wait()
             else:
-                time.sleep(self.delay_s)
+                self._wait()
         return self.model(*inputs)
 
 

@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> None:
     rank, world, dev = common.init_distributed(args)
     common.check_rank_flags(args, world)
     work = common.imbalance_factor(args, rank)
-    model = common.Straggler(models.build(args.model, width=args.width, depth=args.depth),
+    model = common.straggler(models.build(args.model, width=args.width, depth=args.depth), args,
                              common.straggler_delay_s(args, rank), annotate=args.annotate_delay).to(dev)
     ddp = DDP(model, bucket_cap_mb=args.bucket_mb,
               device_ids=[dev.index] if dev.type == "cuda" else None)

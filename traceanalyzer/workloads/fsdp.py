@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> None:
     reshard = not args.no_reshard
     inner = models.build(args.model).to(dev)
     units = shard_units(inner)
-    model = common.Straggler(inner, common.straggler_delay_s(args, rank))
+    model = common.straggler(inner, args, common.straggler_delay_s(args, rank))
     for unit in units:
         fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard)

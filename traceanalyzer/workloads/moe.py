@@ -159,7 +159,7 @@ def run(args: argparse.Namespace) -> None:
             for p in layer.expert.parameters():
                 p.copy_(torch.randn(p.shape, generator=gen) / math.sqrt(p.shape[-1]))
     model.to(dev)
-    net = common.Straggler(model, common.straggler_delay_s(args, rank))
+    net = common.straggler(model, args, common.straggler_delay_s(args, rank))
     dense = model.dense_parameters()
     opt = torch.optim.SGD(model.parameters(), lr=LR)
     data = torch.Generator().manual_seed(args.seed + 1 + rank)

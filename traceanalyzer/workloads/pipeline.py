@@ -178,7 +178,7 @@ def run(args: argparse.Namespace) -> None:
         torch.manual_seed(args.seed + s)  # a stage's weights don't depend on the placement
         module = models.stage_module(args.model, s, n_stages, layers[s])
         delay = slow_s if s == args.slow_stage or rank == args.slow_rank else 0.0
-        module = common.Straggler(module, delay).to(dev)  # sleeps once per micro-batch forward
+        module = common.straggler(module, args, delay).to(dev)  # sleeps once per micro-batch forward
         params += list(module.parameters())
         stage_params.append(list(module.parameters()))
         stages.append(PipelineStage(module, s, n_stages, dev, group=pp_group))

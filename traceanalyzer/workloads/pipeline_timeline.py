@@ -32,7 +32,7 @@ def run(args: argparse.Namespace, n_stages: int, pp_group, dp_group) -> None:
     delay = common.straggler_delay_s(args, rank)
     if args.slow_stage is not None and args.slow_stage == stage:
         delay = args.slow_ms / 1000.0
-    model = common.Straggler(module, delay)
+    model = common.straggler(module, args, delay)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     data = torch.Generator().manual_seed(args.seed + 1 + replica)
     rows = args.microbatch_rows

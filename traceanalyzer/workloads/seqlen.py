@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> None:
         raise SystemExit(f"--long-rank {args.long_rank}: not a rank of this {world}-rank job")
     if not 0 <= args.jitter < 1:
         raise SystemExit(f"--jitter {args.jitter}: must be in [0, 1)")
-    model = common.Straggler(models.TinyTransformer(), common.straggler_delay_s(args, rank)).to(dev)
+    model = common.straggler(models.TinyTransformer(), args, common.straggler_delay_s(args, rank)).to(dev)
     ddp = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=LR)
     data = torch.Generator().manual_seed(args.seed + 1 + rank)
