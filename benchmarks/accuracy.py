@@ -91,6 +91,11 @@ CASES = [
     # one rank per core (2 ranks on 2 cores): the same faults where no rank shares a core, so a
     # culprit's sleep does not hand its core to a peer (the contention the 4-8 rank cases carry)
     Case("ddp2_slow1", 2, ["ddp", "--slow-rank", "1", "--slow-ms", "10"], "ddp2"),
+    # the slow rank busy in its own code (a busy-wait on its training thread, untraced): its extra CPU
+    # and its threads' wait behind it are its own, not its host's; with 4 ranks on 2 cores it keeps
+    # its core as busy as work does (a sleep hands it to the core-mate)
+    Case("ddp2_spin1", 2, ["ddp", "--slow-rank", "1", "--slow-ms", "10", "--slow-spin"], "ddp2"),
+    Case("ddp4_spin2", 4, ["ddp", "--slow-rank", "2", "--slow-ms", "20", "--slow-spin"], "ddp4"),
     # a host fault: a noisy neighbour busy half the time on the rank's core (one rank per core here;
     # with 4 ranks on 2 cores it would slow the rank sharing that core too)
     Case("ddp2_noisy0", 2, ["ddp", "--noisy-rank", "0", "--noisy-pct", "50"], "ddp2"),
