@@ -84,4 +84,4 @@ def test_analyze_prints_the_verdict(store, run_cli):
     code, out, _ = run_cli("analyze", store, "--run", "ddp_gloo_2rank", "--only", "imbalance",
                            "--set", "imbalance_min_excess_pct=4")
     assert code == 0
-    assert "imbalance: none" in out and "rank 0 computes 1.1" in out and "a slower host, not more work" in out
+    assert "imbalance: none" in out and "rank 0 computes 1.1" in out and "they ran slower (its core: slower, shared or busy with its own threads), not more work" in out

@@ -223,7 +223,7 @@ def format_text(results: dict[str, pd.DataFrame], params: dict) -> str:
                 lines.append(f"imbalance: none (no rank computes >= {p['imbalance_min_ratio']}x the mean with more work)")
             for r in im[im["above_thresholds"].fillna(False) & im["same_work"].fillna(False)].itertuples():
                 lines.append(f"  rank {r.rank} computes {r.ratio_to_mean:.2f}x the mean of the ranks on the same ops and "
-                             f"input shapes: a slower host, not more work (same_work)")
+                             f"input shapes: they ran slower (its core: slower, shared or busy with its own threads), not more work (same_work)")
             for r in found.itertuples():
                 lines.append(f"imbalance #{r.rank_order}: rank {r.rank} computes {r.ratio_to_mean:.2f}x the mean of the ranks "
                              f"(+{_ms(r.excess_ns_per_step)} per step, {r.excess_pct:.1f}% of the step)")

@@ -20,7 +20,7 @@ def _same_work_note(data: RunData, rank: int) -> str:
     """The line the report gives for a rank whose extra compute is not extra work."""
     row = data.r("imbalance").set_index("rank").loc[rank]
     return (f"Rank {rank} computes {float(row['ratio_to_mean']):.2f}x the mean of its peers but runs the same operations "
-            f"on the same input shapes: a slower host, not more work, so not an imbalance (a straggler if its peers "
+            f"on the same input shapes: they ran slower (its core: slower, shared or busy with its own threads), not more work, so not an imbalance (a straggler if its peers "
             f"wait for it at least {float(data.params.get('straggler_min_delay_pct', default('straggler_min_delay_pct'))):g}% "
             f"of a step).")
 
