@@ -465,8 +465,9 @@ def _slow_hosts(data: RunData, found: list[Finding]) -> None:
             if f.rank not in phase.index or not (same.get(f.rank) is True or same.get(f.rank) == 1):
                 continue
             ex, what = float(phase[f.rank]), "its slower phase"
-            if f.rank in ops.index and len(ops) > 1 and pd.notna(extra_run) and pd.notna(extra_wait):
-                ops_x = max(float(ops[f.rank] - ops.drop(f.rank).median()), 0.0)
+            ops_x = ops[f.rank] - ops.drop(f.rank).median() if f.rank in ops.index and len(ops) > 1 else np.nan
+            if pd.notna(ops_x) and pd.notna(extra_run) and pd.notna(extra_wait):   # (unknown: as before)
+                ops_x = max(float(ops_x), 0.0)
                 own_cpu, extra_run = max(extra_run - ops_x, 0.0), min(extra_run, ops_x)
                 extra_wait = max(extra_wait - own_cpu, 0.0)
         else:
