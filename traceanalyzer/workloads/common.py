@@ -34,8 +34,8 @@ def add_common_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--slow-ms", type=float, default=0.0,
                    help="sleep per forward on --slow-rank (pipeline: per micro-batch forward)")
     p.add_argument("--slow-spin", action="store_true",
-                   help="--slow-ms busy-waits on the rank's core instead of sleeping: a slow device keeps its "
-                        "host's core as busy as its work does (a sleep hands the core to the ranks sharing it)")
+                   help="--slow-ms busy-waits on the training thread instead of sleeping: the rank's own untraced "
+                        "code (Python-side preprocessing, logging), which keeps its core busy (a sleep hands it away)")
     p.add_argument("--annotate-delay", action="store_true",
                    help=f"ddp: wrap the --slow-ms sleep in record_function({DELAY_ANNOTATION!r}), as a user "
                         "would name a region (default: the sleep is not annotated)")
