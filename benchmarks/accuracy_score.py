@@ -89,8 +89,8 @@ def truth(gt: dict) -> Truth | None:
     else:
         analysis = {"slow_rank": "straggler", "imbalance": "imbalance", "seqlen_imbalance": "imbalance",
                     "routing_skew": "moe routing", "slow_host": "slow host"}.get(f["kind"], f["kind"])
-        if f["kind"] == "slow_rank" and gt.get("slow_spin"):
-            analysis = "straggler (busy in its own code)"
+    if gt.get("slow_spin"):     # the delay busy-waits (the rank's own code; its core kept busy), not asleep
+        analysis += " (busy-waiting)"
     return Truth(f["kind"], ranks, f.get("stage"), f.get("injected_ms"), analysis)
 
 
