@@ -151,3 +151,19 @@ def test_collector_ingests_straight_into_a_store(ddp2_collector_store):
                             GROUP BY pg_name, seq HAVING count(DISTINCT rank) = 2)""", [RUN]).fetchone()[0]
     assert joined > 0
     assert con.execute("SELECT count(*) FROM fr_entries WHERE run = ?", [RUN]).fetchone()[0] > 0
+
+
+def test_a_busy_waiting_straggler_keeps_its_core_busy():
+    """``--slow-spin``: the delay of a slow rank runs on its thread's CPU (its own code), a sleep
+    does not (both last the delay)."""
+    import time
+
+    from traceanalyzer.workloads.common import Straggler
+    x = torch.zeros(1, 4)
+    for spin, busy in ((True, True), (False, False)):
+        m = Straggler(torch.nn.Identity(), 0.05, spin=spin)
+        w0, c0 = time.perf_counter(), time.thread_time()
+        m(x)
+        wall, cpu = time.perf_counter() - w0, time.thread_time() - c0
+        # (a busy-wait on a loaded machine gets its share of the core, a sleep next to none)
+        assert wall >= 0.05 and (cpu >= 0.25 * wall if busy else cpu < 0.1 * wall), (spin, wall, cpu)
