@@ -142,7 +142,7 @@ def straggler_delay_s(args: argparse.Namespace, rank: int) -> float:
 
 def straggler(model: torch.nn.Module, args: argparse.Namespace, delay_s: float, annotate: bool = False) -> "Straggler":
     """``model`` wrapped to wait ``delay_s`` per forward, as ``--slow-spin`` says (busy or asleep)."""
-    return Straggler(model, delay_s, annotate=annotate, spin=getattr(args, "slow_spin", False))
+    return Straggler(model, delay_s, annotate=annotate, spin=args.slow_spin)
 
 
 def imbalance_factor(args: argparse.Namespace, rank: int) -> float:
@@ -161,7 +161,7 @@ def fault_ground_truth(args: argparse.Namespace) -> dict:
             "slow_ms": args.slow_ms if args.slow_rank is not None else 0.0,
             "imbalance_rank": args.imbalance_rank if imbalanced else None,
             "imbalance_factor": args.imbalance_factor if imbalanced else 1.0,
-            "slow_spin": bool(getattr(args, "slow_spin", False))}
+            "slow_spin": args.slow_spin}
 
 
 def injected_faults(args: argparse.Namespace, *, per_forward: int = 1) -> list[dict]:
