@@ -178,15 +178,38 @@ def routing_per_step(data: RunData) -> pd.DataFrame:
     return pd.concat(rows)[cols] if rows else pd.DataFrame(columns=cols)
 
 
+def routing_min_pct(data: RunData) -> float:
+    """A routing skew is a finding only when balancing it would save at least this % of the median
+    step (the imbalance threshold, ``imbalance_min_excess_pct``): a skewed split whose all_to_all
+    costs a hundredth of a millisecond is nothing to act on."""
+    return float(data.params.get("imbalance_min_excess_pct", default("imbalance_min_excess_pct")))
+
+
+def routing_estimates(data: RunData) -> pd.DataFrame:
+    """Per rank above ``routing_min_ratio``: the ratio and what balanced routing would save per
+    step (median over steps of :func:`routing_per_step`'s transfer excess + imposed waits), in ns
+    and in % of the median step. Columns: rank, ratio, rec_ns, rec_pct."""
+    per = routing_per_step(data)
+    if per.empty:
+        return pd.DataFrame(columns=["rank", "ratio", "rec_ns", "rec_pct"])
+    step_ns = median_step_ns(data)
+    g = per.assign(rec=per["transfer_excess_ns"] + per["imposed_wait_ns"]).groupby("rank")
+    out = pd.DataFrame({"ratio": g["ratio"].first(), "rec_ns": g["rec"].median()}).reset_index()
+    out["rec_pct"] = [pct_of(v, step_ns) for v in out["rec_ns"]]
+    return out
+
+
 def _routing(data: RunData, already: set) -> list[Finding]:
-    """MoE routing skew: a rank that sends or receives far more all_to_all bytes than the mean.
-    Recoverable time: per step, the all_to_all transfer balanced routing would save plus the waits
-    the rank imposed on its peers by arriving late (:func:`routing_per_step`), median over steps."""
+    """MoE routing skew: a rank that sends or receives far more all_to_all bytes than the mean
+    (``routing_min_ratio``), when balancing it would save at least :func:`routing_min_pct` of the
+    step. Recoverable time: per step, the all_to_all transfer balanced routing would save plus the
+    waits the rank imposed on its peers by arriving late (:func:`routing_per_step`), median over steps."""
     a2a = data.r("all_to_all_balance")
     per = routing_per_step(data)
     if per.empty:
         return []
     step_ns = median_step_ns(data)
+    min_pct = routing_min_pct(data)
     coll = data.r("collectives")
     n_ranks = max(int(data.ranks["rank"].nunique()) if not data.ranks.empty else 1, 1)
     steps = max(coll["step"].nunique(), 1)
@@ -198,6 +221,8 @@ def _routing(data: RunData, already: set) -> list[Finding]:
         mine = per[per["rank"] == a.rank]
         ratio = _routing_ratio(a)
         rec = float((mine["transfer_excess_ns"] + mine["imposed_wait_ns"]).median())
+        if not pct_of(rec, step_ns) >= min_pct:   # unknown (no step time) is no finding either
+            continue
         last = coll[coll["last_arriver"] == a.rank]
         worst = imposed_by.drop(a.rank, errors="ignore")
         ev = [f"all_to_all: receives {a.recv_over_mean:.2f}x and sends {a.sent_over_mean:.2f}x the mean bytes of the "

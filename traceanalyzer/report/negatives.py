@@ -2,8 +2,10 @@
 "not found" lines), and the note for a rank whose extra compute is not extra work."""
 from __future__ import annotations
 
+import pandas as pd
+
 from ..analyses.params import default
-from .findings import EXPOSED_COMM_MIN_PCT, Finding, exposed_comm_per_step, ms
+from .findings import EXPOSED_COMM_MIN_PCT, Finding, exposed_comm_per_step, ms, routing_estimates, routing_min_pct
 from .load import RunData
 
 
@@ -41,6 +43,7 @@ def negatives(data: RunData, findings: list[Finding]) -> list[str]:
         out.append(f"No imbalance found: no rank computes at least {p.get('imbalance_min_ratio', 1.1):g}x the mean "
                    f"of the ranks with an excess of at least {p.get('imbalance_min_excess_pct', 5.0):g}% of a step.")
     out += [_same_work_note(data, r) for r in _same_work_ranks(data) if r not in {f.rank for f in findings}]
+    out += _routing_notes(data, findings)
     if not data.r("pipeline_shape").empty and "slow_stage" not in kinds:
         out.append(f"No slow pipeline stage found: no stage's own time exceeds the others' by at least "
                    f"{p.get('slow_stage_min_excess_pct', 10.0):g}% of a step.")
@@ -58,3 +61,19 @@ def negatives(data: RunData, findings: list[Finding]) -> list[str]:
             line += " Its overlap with compute: unknown (an op timeline records no kernels)."
         out.append(line)
     return out
+
+
+def _routing_notes(data: RunData, findings: list[Finding]) -> list[str]:
+    """A rank whose all_to_all traffic is skewed past ``routing_min_ratio`` but whose balancing would
+    save less than the finding threshold: said, with both numbers, not reported as a finding."""
+    named = {f.rank for f in findings}
+    est = routing_estimates(data)
+    min_pct = routing_min_pct(data)
+    return [f"Rank {int(r.rank)} gets {r.ratio:.2f}x the mean all_to_all traffic (MoE routing skew), but balancing it "
+            f"would save {ms(r.rec_ns)} per step ({_pct(r.rec_pct)}; a finding needs {min_pct:g}%): "
+            f"not worth acting on."
+            for r in est.itertuples() if int(r.rank) not in named and not r.rec_pct >= min_pct]
+
+
+def _pct(pct: float) -> str:
+    return "its share of the step unknown" if pd.isna(pct) else f"{pct:.1f}% of the step"
