@@ -145,3 +145,48 @@ def test_pipeline_gaps_same_rows_as_islands(seed):
     new = f"WITH {body} SELECT * FROM gaps ORDER BY ALL"
     assert con.execute(new).fetchall() == con.execute(SPEC_GAPS).fetchall()
     assert con.execute(f"SELECT count(*) FROM ({new}) WHERE kind = 'gap'").fetchone()[0] > 0
+
+
+# -- the sweep in numpy (analyses/sweep.py), what bind makes activity_segments with -------------------
+
+def _arrow(con, query: str):
+    return con.sql(query).to_arrow_table()
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("pack_limit", [1 << 21, 0], ids=["packed", "three-sums"])
+def test_numpy_sweep_same_rows_as_the_sql(seed, pack_limit):
+    """sweep.sweep gives the SQL's rows and types, per step and per window, on the random intervals
+    above (NULL steps, ties, zero-length and reversed intervals, two runs): with the three running
+    counts packed in one int64 (no reversed intervals: they take the other path), and summed one by
+    one (pack_limit 0)."""
+    from traceanalyzer.analyses import sweep as S
+    con = duckdb.connect()
+    con.execute("CREATE TABLE activity_intervals (run VARCHAR, rank INTEGER, window_id INTEGER, step INTEGER, "
+                "category VARCHAR, lo_ns BIGINT, hi_ns BIGINT)")
+    rows = _intervals(random.Random(seed))
+    if pack_limit:  # packed counts need none reversed (real intervals have dur_ns > 0); three sums take any
+        rows = [r for r in rows if r[6] >= r[5]]
+    con.executemany("INSERT INTO activity_intervals VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+    con.execute(SPEC_SWEEP)
+    tbl = _arrow(con, "SELECT * FROM activity_intervals")
+    for per_step in (True, False):
+        out = S.sweep(tbl, per_step, pack_limit=pack_limit)
+        name = f"np_rows_{per_step}"
+        con.execute("SELECT 1").fetchall()   # _same's fetchone left a result open: register needs none
+        con.register(name, out)
+        assert _same(con, S._SELECT.format(src=name), f"SELECT * FROM spec_sweep({str(per_step).lower()})") == 0
+        assert len(out) > 0
+
+
+def test_numpy_sweep_leaves_keys_it_cannot_pack_to_the_sql():
+    """Partition keys wider than 62 bits together (ranks 2^40 apart) are not packed: sweep says so
+    (None), and bind then makes activity_segments with the SQL, the same rows."""
+    from traceanalyzer.analyses import sweep as S
+    con = duckdb.connect()
+    con.execute("CREATE TABLE activity_intervals (run VARCHAR, rank BIGINT, window_id BIGINT, step BIGINT, "
+                "category VARCHAR, lo_ns BIGINT, hi_ns BIGINT)")
+    con.executemany("INSERT INTO activity_intervals VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    [("a", 0, 0, 1, "compute", 0, 10), ("a", 1 << 40, 1 << 30, 1, "comm", 5, 20)])
+    assert S.sweep(_arrow(con, "SELECT * FROM activity_intervals"), True) is None
+    assert not S.activity_segments(con)

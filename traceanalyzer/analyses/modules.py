@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
+from .sweep import COMPUTED
+
 _REQUIRES_RE = re.compile(r"^-- requires: (.*)$", re.MULTILINE)
 _DEFINES_RE = re.compile(r"CREATE OR REPLACE TEMP (?:VIEW|MACRO|TABLE)\s+(\w+)")
 _VIEWS_RE = re.compile(r"CREATE OR REPLACE TEMP (?:VIEW|TABLE)\s+(\w+)")
@@ -232,6 +234,8 @@ def bind(con, names, scopes=None) -> list[str]:
                 continue  # provided (or only read by provided views): read, not computed
             if m and scopes is not None and scope_of(m.group(1)) not in scopes:
                 continue  # not wanted here (a map task: cross-rank views)
+            if m and m.group(1) in COMPUTED and COMPUTED[m.group(1)](con):
+                continue  # made by its numpy twin (sweep.py; the SQL is its definition)
             table, made = _AS_TABLE_RE.subn(r"CREATE OR REPLACE TEMP TABLE \1 AS", statement.query, count=1)
             if m and made:  # made as a table at once: one bind and one run (a view first is one bind more)
                 con.execute(table)

@@ -1,0 +1,163 @@
+"""Views computed in numpy instead of SQL, where one sort and a few vector passes do what DuckDB
+plans as a window over every row (issue 17: the analyses' cost per row on very large runs).
+
+The SQL stays the definition: ``activity.sql``'s ``activity_segments`` is
+``_activity_sweep('activity_intervals', true)``, and :func:`activity_segments` gives the same rows
+(``tests/test_sweep.py`` compares the two on real runs, CPU, GPU and op timeline). :func:`.modules.bind`
+makes a view listed in :data:`COMPUTED` with its function instead of its SQL.
+
+Why faster: the SQL sweep sorts every +1/-1 delta by (run, rank, window_id, step, t) as rows of
+strings and integers and runs three window sums over them; here the partition is one packed int64
+key, the sort is one ``lexsort`` of two int64 arrays, and the running sums are ``cumsum``.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+#: the categories of activity_intervals, in the sweep's priority order (its label)
+_CATEGORIES = ("compute", "comm", "memory")
+
+_SCHEMA = pa.schema([("run", pa.string()), ("rank", pa.int32()), ("window_id", pa.int32()), ("step", pa.int32()),
+                     ("lo_ns", pa.int64()), ("hi_ns", pa.int64()), ("dur_ns", pa.int64()), ("label", pa.string()),
+                     ("n_compute", pa.int64()), ("n_comm", pa.int64()), ("n_memory", pa.int64())])
+
+#: the view's column types in SQL (the macro's: its counts are sums of INTEGER, so HUGEINT)
+_SELECT = ("SELECT run, rank, window_id, step, lo_ns, hi_ns, dur_ns, label, CAST(n_compute AS HUGEINT) AS n_compute, "
+           "CAST(n_comm AS HUGEINT) AS n_comm, CAST(n_memory AS HUGEINT) AS n_memory FROM {src}")
+
+
+def _codes(col: pa.ChunkedArray) -> tuple[np.ndarray, int]:
+    """Non-negative int64 codes of a column (equal values, equal codes; NULL its own code) and how
+    many there can be."""
+    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        enc = pc.dictionary_encode(col).combine_chunks()
+        idx = enc.indices.to_numpy(zero_copy_only=False)
+        idx = np.where(enc.indices.is_null().to_numpy(zero_copy_only=False), len(enc.dictionary), idx)
+        return idx.astype(np.int64), len(enc.dictionary) + 1
+    nulls = col.is_null().to_numpy(zero_copy_only=False) if col.null_count else None
+    v = pc.fill_null(col, 0).to_numpy().astype(np.int64, copy=False)
+    if len(v) == 0:
+        return v, 1
+    lo = int(v.min())
+    span = int(v.max()) - lo + 1
+    out = v - lo
+    if nulls is not None:
+        out = np.where(nulls, span, out)
+    return out, span + 1
+
+
+def _partition_key(cols: list[pa.ChunkedArray]) -> tuple[np.ndarray, int] | None:
+    """One int64 per row, equal exactly when all ``cols`` are equal (NULL = NULL), and its width in
+    bits; None when the columns' ranges do not fit in 62 bits together."""
+    key, bits = None, 0
+    for col in cols:
+        codes, n = _codes(col)
+        width = max(int(n - 1).bit_length(), 1)
+        bits += width
+        if bits > 62:
+            return None
+        key = codes if key is None else (key << width) | codes
+    return key, bits
+
+
+def _order(key: np.ndarray, key_bits: int, t: np.ndarray) -> np.ndarray:
+    """The permutation sorting the rows by (key, t): one argsort of a packed int64 when the key and
+    the time span fit in 63 bits together (a run's timestamps span seconds to hours: 30-43 bits),
+    else a lexsort of the two."""
+    if len(t) == 0:
+        return np.zeros(0, np.int64)
+    t0 = int(t.min())
+    span_bits = max((int(t.max()) - t0).bit_length(), 1)
+    if key_bits + span_bits <= 63:
+        return np.argsort((key << span_bits) | (t - t0), kind="stable")   # timsort: the rows come nearly sorted
+    return np.lexsort((t, key))
+
+
+#: bits per running count when the three are packed in one int64 (2 M intervals of one partition)
+_BITS = 21
+
+#: per category code (compute, comm, memory, other): its +1 in the packed running counts
+_UNITS = np.array([1, 1 << _BITS, 1 << (2 * _BITS), 0], dtype=np.int64)
+
+
+def _category_codes(col: pa.ChunkedArray) -> np.ndarray:
+    """Per row: 0 compute, 1 comm, 2 memory, 3 anything else (NULL included)."""
+    enc = pc.dictionary_encode(col).combine_chunks()
+    lookup = np.array([_CATEGORIES.index(v) if v in _CATEGORIES else 3 for v in enc.dictionary.to_pylist()] + [3],
+                      dtype=np.int64)
+    idx = pc.fill_null(enc.indices, len(enc.dictionary)).to_numpy(zero_copy_only=False)
+    return lookup[idx]
+
+
+def _largest_partition(k: np.ndarray) -> int:
+    """The most rows of one partition in sorted keys ``k`` (deltas: two per interval)."""
+    if len(k) == 0:
+        return 0
+    bounds = np.flatnonzero(k[1:] != k[:-1])
+    return int(np.diff(np.concatenate([[-1], bounds, [len(k) - 1]])).max())
+
+
+def sweep(tbl: pa.Table, per_step: bool, pack_limit: int = 1 << _BITS) -> pa.Table | None:
+    """``_activity_sweep(tbl, per_step)`` (activity.sql) over an Arrow table of activity_intervals'
+    columns (run, rank, window_id, step, category, lo_ns, hi_ns); None when the partition keys do not
+    pack into one int64 (the caller then runs the SQL). The three running counts share one cumsum
+    when every partition has fewer than ``pack_limit`` deltas (each count then fits its bits)."""
+    n = tbl.num_rows
+    keys = ["run", "rank", "window_id"] + (["step"] if per_step else [])
+    packed = _partition_key([tbl.column(k) for k in keys]) if n else (np.zeros(0, np.int64), 1)
+    if packed is None:
+        return None
+    key, key_bits = packed
+    lo = tbl.column("lo_ns").to_numpy().astype(np.int64, copy=False)
+    hi = tbl.column("hi_ns").to_numpy().astype(np.int64, copy=False)
+    t = np.concatenate([lo, hi])
+    key = np.concatenate([key, key])
+    order = _order(key, key_bits, t)
+    t, k = t[order], key[order]
+    starts = order < n
+    row = np.where(starts, order, order - n)
+    unit = _UNITS[_category_codes(tbl.column("category"))[row]]
+    # a segment from each delta to the next one of its partition (of equal timestamps only the last
+    # starts one longer than zero, and its running sums count them all)
+    nxt = np.flatnonzero((k[1:] == k[:-1]) & (t[1:] > t[:-1]))
+    seg_lo, seg_hi = t[nxt], t[nxt + 1]
+    # the three running counts packed in one int64: exact when each is in [0, 2^_BITS) wherever a
+    # segment starts (no interval ends before it starts; fewer deltas in a partition than that)
+    if _largest_partition(k) < min(pack_limit, 1 << _BITS) and not (hi < lo).any():
+        run = np.cumsum(np.where(starts, unit, -unit))[nxt]
+        n_compute, n_comm, n_memory = ((run >> (_BITS * i)) & ((1 << _BITS) - 1) for i in range(3))
+    else:
+        n_compute, n_comm, n_memory = (np.cumsum(np.where(starts, 1, -1) * ((unit >> (_BITS * i)) & 1))[nxt]
+                                       for i in range(3))
+    label = pa.DictionaryArray.from_arrays(
+        pa.array(np.where(n_compute > 0, 0, np.where(n_comm > 0, 1, np.where(n_memory > 0, 2, 3))), pa.int8()),
+        pa.array(list(_CATEGORIES) + ["idle"], pa.string())).cast(pa.string())
+    src = pa.array(row[nxt])
+    step = tbl.column("step").take(src) if per_step else pa.nulls(len(nxt), pa.int32())
+    return pa.Table.from_arrays(
+        [tbl.column("run").take(src).cast(pa.string()), tbl.column("rank").take(src).cast(pa.int32()),
+         tbl.column("window_id").take(src).cast(pa.int32()), step.cast(pa.int32()), pa.array(seg_lo, pa.int64()),
+         pa.array(seg_hi, pa.int64()), pa.array(seg_hi - seg_lo, pa.int64()), label,
+         pa.array(n_compute, pa.int64()), pa.array(n_comm, pa.int64()), pa.array(n_memory, pa.int64())],
+        schema=_SCHEMA)
+
+
+def activity_segments(con) -> bool:
+    """Make ``activity_segments`` (activity.sql) in ``con`` as a temporary table from
+    ``activity_intervals``; False (nothing made) when :func:`sweep` cannot: the caller runs the SQL."""
+    tbl = con.sql("SELECT run, rank, window_id, step, category, lo_ns, hi_ns FROM activity_intervals").to_arrow_table()
+    out = sweep(tbl, per_step=True)
+    if out is None:
+        return False
+    con.register("_ta_sweep", out)
+    try:
+        con.execute("CREATE OR REPLACE TEMP TABLE activity_segments AS " + _SELECT.format(src="_ta_sweep"))
+    finally:
+        con.unregister("_ta_sweep")
+    return True
+
+
+#: view -> the function that makes it in a connection (returns False to have the SQL run instead)
+COMPUTED = {"activity_segments": activity_segments}
