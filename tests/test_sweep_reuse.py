@@ -190,3 +190,40 @@ def test_numpy_sweep_leaves_keys_it_cannot_pack_to_the_sql():
                     [("a", 0, 0, 1, "compute", 0, 10), ("a", 1 << 40, 1 << 30, 1, "comm", 5, 20)])
     assert S.sweep(_arrow(con, "SELECT * FROM activity_intervals"), True) is None
     assert not S.activity_segments(con)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_numpy_exposed_islands_same_rows_as_the_sql(seed):
+    """sweep.islands (what bind makes _exposed_islands with) gives overlap.sql's rows and types on the
+    exposed segments of the random intervals above: touching segments joined, apart ones not, per
+    run, rank, window and step (NULL steps included)."""
+    from traceanalyzer.analyses import sweep as S
+    con = duckdb.connect()
+    con.execute("CREATE TABLE activity_intervals (run VARCHAR, rank INTEGER, window_id INTEGER, step INTEGER, "
+                "category VARCHAR, lo_ns BIGINT, hi_ns BIGINT)")
+    rows = [r for r in _intervals(random.Random(seed)) if r[6] >= r[5]]
+    con.executemany("INSERT INTO activity_intervals VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+    con.execute(SPEC_SWEEP)
+    con.execute("CREATE TABLE activity_segments AS SELECT * FROM spec_sweep(true)")
+    for statement in con.extract_statements(M.modules()["intervals"].text):
+        con.execute(statement)
+    view = [s.query for s in con.extract_statements(M.modules()["overlap"].text) if "VIEW _exposed_islands" in s.query]
+    con.execute(view[0])
+    comm = _arrow(con, "SELECT run, rank, window_id, step, lo_ns, hi_ns FROM activity_segments WHERE label = 'comm'")
+    con.register("np_islands", S.islands(comm))
+    got = ("SELECT CAST(run AS VARCHAR) AS run, CAST(rank AS INTEGER) AS rank, CAST(window_id AS INTEGER) AS window_id, "
+           "CAST(step AS INTEGER) AS step, lo_ns, hi_ns, CAST(exposed_ns AS HUGEINT) AS exposed_ns FROM np_islands")
+    assert _same(con, got, "SELECT * FROM _exposed_islands") == 0
+    joined = con.execute("SELECT count(*) FROM _exposed_islands i WHERE exposed_ns < hi_ns - lo_ns OR "
+                         "(SELECT count(*) FROM activity_segments s WHERE s.label = 'comm' AND s.run = i.run AND s.rank = i.rank "
+                         " AND s.lo_ns >= i.lo_ns AND s.hi_ns <= i.hi_ns AND s.step IS NOT DISTINCT FROM i.step) > 1").fetchone()[0]
+    assert joined > 0   # the data has touching exposed segments, joined into one island
+
+
+def test_numpy_exposed_islands_leave_overlapping_segments_to_the_sql():
+    """Segments of one partition that overlap (never the sweep's) need the SQL's running max: None."""
+    from traceanalyzer.analyses import sweep as S
+    tbl = duckdb.connect().sql("SELECT * FROM (VALUES ('a', 0, 0, 1, 0::BIGINT, 10::BIGINT), ('a', 0, 0, 1, 5, 20)) "
+                               "t(run, rank, window_id, step, lo_ns, hi_ns)").to_arrow_table()
+    assert S.islands(tbl) is None
+    assert S.islands(tbl.slice(0, 1)).num_rows == 1

@@ -159,5 +159,51 @@ def activity_segments(con) -> bool:
     return True
 
 
+def islands(tbl: pa.Table) -> pa.Table | None:
+    """overlap.sql's ``_exposed_islands`` over an Arrow table of comm segments (run, rank, window_id,
+    step, lo_ns, hi_ns): per (run, rank, window_id, step), consecutive segments joined (one starting
+    exactly where the previous ended joins it), with their summed length. None when the partition
+    keys do not pack, or when two segments of a partition overlap (the sweep's never do; the SQL's
+    running max is then needed)."""
+    n = tbl.num_rows
+    packed = _partition_key([tbl.column(k) for k in ("run", "rank", "window_id", "step")]) if n else (np.zeros(0, np.int64), 1)
+    if packed is None:
+        return None
+    key, key_bits = packed
+    lo = tbl.column("lo_ns").to_numpy().astype(np.int64, copy=False)
+    hi = tbl.column("hi_ns").to_numpy().astype(np.int64, copy=False)
+    order = _order(key, key_bits, lo)
+    key, lo, hi = key[order], lo[order], hi[order]
+    same = key[1:] == key[:-1]
+    if (same & (lo[1:] < hi[:-1])).any():
+        return None
+    first = np.flatnonzero(np.concatenate([[True], ~same | (lo[1:] > hi[:-1])])) if n else np.zeros(0, np.int64)
+    last = np.concatenate([first[1:], [n]]) - 1 if n else first
+    exposed = np.add.reduceat(hi - lo, first) if n else np.zeros(0, np.int64)
+    src = pa.array(order[first])
+    cols = [tbl.column(c).take(src) for c in ("run", "rank", "window_id", "step")]
+    return pa.Table.from_arrays(cols + [pa.array(lo[first], pa.int64()), pa.array(np.maximum.reduceat(hi, first) if n
+                                        else hi[last], pa.int64()), pa.array(exposed, pa.int64())],
+                                names=["run", "rank", "window_id", "step", "lo_ns", "hi_ns", "exposed_ns"])
+
+
+def exposed_islands(con) -> bool:
+    """Make ``_exposed_islands`` (overlap.sql) in ``con`` from ``activity_segments``; False (nothing
+    made) when :func:`islands` cannot: the caller runs the SQL."""
+    tbl = con.sql("SELECT run, rank, window_id, step, lo_ns, hi_ns FROM activity_segments "
+                  "WHERE label = 'comm'").to_arrow_table()
+    out = islands(tbl)
+    if out is None:
+        return False
+    con.register("_ta_islands", out)
+    try:
+        con.execute("CREATE OR REPLACE TEMP TABLE _exposed_islands AS SELECT CAST(run AS VARCHAR) AS run, "
+                    "CAST(rank AS INTEGER) AS rank, CAST(window_id AS INTEGER) AS window_id, CAST(step AS INTEGER) AS step, "
+                    "lo_ns, hi_ns, CAST(exposed_ns AS HUGEINT) AS exposed_ns FROM _ta_islands")
+    finally:
+        con.unregister("_ta_islands")
+    return True
+
+
 #: view -> the function that makes it in a connection (returns False to have the SQL run instead)
-COMPUTED = {"activity_segments": activity_segments}
+COMPUTED = {"activity_segments": activity_segments, "_exposed_islands": exposed_islands}
