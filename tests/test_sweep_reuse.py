@@ -14,7 +14,9 @@ import random
 
 import duckdb
 import pytest
+from conftest import TRACES
 
+import traceanalyzer as ta
 from traceanalyzer.analyses import modules as M
 
 #: the sweep before issue 17 (session 16): a partitioned running sum, every interval swept twice
@@ -227,3 +229,19 @@ def test_numpy_exposed_islands_leave_overlapping_segments_to_the_sql():
                                "t(run, rank, window_id, step, lo_ns, hi_ns)").to_arrow_table()
     assert S.islands(tbl) is None
     assert S.islands(tbl.slice(0, 1)).num_rows == 1
+
+
+@pytest.mark.parametrize("run", ["ddp_gloo_4rank_slow2", "ddp_gloo_cuda_2rank", "pp_gpipe_2x2_dp_optimeline_slow1"])
+def test_bind_makes_the_numpy_views_with_the_sqls_rows_on_real_runs(tmp_path, run):
+    """On shipped recordings (gloo CPU, GPU kernels, an op timeline), the views bind made in numpy are
+    the SQL's rows: activity_segments against _activity_sweep, _exposed_islands against its view."""
+    ta.ingest([TRACES / run], tmp_path / "s", run=run, progress=False, workers=1)
+    con = ta.open(str(tmp_path / "s"))
+    M.bind(con, ["overlap"])
+    con.execute("CREATE TEMP TABLE sql_segments AS SELECT * FROM _activity_sweep('activity_intervals', true)")
+    view = [s.query for s in con.extract_statements(M.modules()["overlap"].text) if "VIEW _exposed_islands" in s.query][0]
+    con.execute(view.replace("CREATE OR REPLACE TEMP VIEW _exposed_islands", "CREATE TEMP VIEW sql_islands"))
+    assert con.execute("SELECT count(*) FROM activity_segments").fetchone()[0] > 500
+    assert _same(con, "SELECT * FROM activity_segments", "SELECT * FROM sql_segments") == 0
+    assert con.execute("SELECT count(*) FROM _exposed_islands").fetchone()[0] > 0
+    assert _same(con, "SELECT * FROM _exposed_islands", "SELECT * FROM sql_islands") == 0

@@ -2,13 +2,16 @@
 plans as a window over every row (issue 17: the analyses' cost per row on very large runs).
 
 The SQL stays the definition: ``activity.sql``'s ``activity_segments`` is
-``_activity_sweep('activity_intervals', true)``, and :func:`activity_segments` gives the same rows
-(``tests/test_sweep.py`` compares the two on real runs, CPU, GPU and op timeline). :func:`.modules.bind`
-makes a view listed in :data:`COMPUTED` with its function instead of its SQL.
+``_activity_sweep('activity_intervals', true)`` and :func:`activity_segments` gives the same rows;
+overlap.sql's ``_exposed_islands`` and :func:`exposed_islands` the same (``tests/test_sweep_reuse.py``
+compares them on random intervals and on real shipped runs: CPU, GPU, op timeline).
+:func:`.modules.bind` makes a view listed in :data:`COMPUTED` with its function instead of its SQL,
+unless the function declines (returns False).
 
-Why faster: the SQL sweep sorts every +1/-1 delta by (run, rank, window_id, step, t) as rows of
-strings and integers and runs three window sums over them; here the partition is one packed int64
-key, the sort is one ``lexsort`` of two int64 arrays, and the running sums are ``cumsum``.
+Why faster: the SQL sorts every row by (run, rank, window_id, step, t) as rows of strings and
+integers and runs window sums over them; here the partition and the time are packed into one int64,
+the sort is one stable ``argsort`` of it (the rows come nearly sorted), the running counts one
+``cumsum``.
 """
 from __future__ import annotations
 
