@@ -208,7 +208,7 @@ def _routing(data: RunData, already: set) -> list[Finding]:
     per = routing_per_step(data)
     if per.empty:
         return []
-    step_ns = median_step_ns(data)
+    est = routing_estimates(data).set_index("rank")
     min_pct = routing_min_pct(data)
     coll = data.r("collectives")
     n_ranks = max(int(data.ranks["rank"].nunique()) if not data.ranks.empty else 1, 1)
@@ -220,8 +220,8 @@ def _routing(data: RunData, already: set) -> list[Finding]:
             continue
         mine = per[per["rank"] == a.rank]
         ratio = _routing_ratio(a)
-        rec = float((mine["transfer_excess_ns"] + mine["imposed_wait_ns"]).median())
-        if not pct_of(rec, step_ns) >= min_pct:   # unknown (no step time) is no finding either
+        rec, rec_pct = float(est.loc[a.rank, "rec_ns"]), float(est.loc[a.rank, "rec_pct"])
+        if not rec_pct >= min_pct:   # unknown (no step time) is no finding either
             continue
         last = coll[coll["last_arriver"] == a.rank]
         worst = imposed_by.drop(a.rank, errors="ignore")
@@ -235,7 +235,7 @@ def _routing(data: RunData, already: set) -> list[Finding]:
         if not worst.empty and worst.max() > imposed_by.get(a.rank, 0.0):
             ev.append(f"other ranks were late too: rank {int(worst.idxmax())} imposed {ms(worst.max())} per step and "
                       f"rank against {ms(imposed_by.get(a.rank, 0.0))} for rank {a.rank} (mean over steps)")
-        out.append(Finding("imbalance", f"{_TITLES['imbalance']}: rank {a.rank} (MoE routing)", rec, pct_of(rec, step_ns),
+        out.append(Finding("imbalance", f"{_TITLES['imbalance']}: rank {a.rank} (MoE routing)", rec, rec_pct,
                            f"rank {a.rank} gets {ratio:.2f}x the mean all_to_all traffic (routing skew)",
                            rank=int(a.rank), evidence=ev))
     return out
