@@ -245,3 +245,16 @@ def test_bind_makes_the_numpy_views_with_the_sqls_rows_on_real_runs(tmp_path, ru
     assert _same(con, "SELECT * FROM activity_segments", "SELECT * FROM sql_segments") == 0
     assert con.execute("SELECT count(*) FROM _exposed_islands").fetchone()[0] > 0
     assert _same(con, "SELECT * FROM _exposed_islands", "SELECT * FROM sql_islands") == 0
+
+
+def test_numpy_views_of_no_rows_are_empty_tables_of_the_sqls_types():
+    """A connection with no intervals (a rank with no work in the window): both numpy views are made,
+    empty, with the SQL's column types."""
+    from traceanalyzer.analyses import sweep as S
+    con = duckdb.connect()
+    con.execute("CREATE TABLE activity_intervals (run VARCHAR, rank INTEGER, window_id INTEGER, step INTEGER, "
+                "category VARCHAR, lo_ns BIGINT, hi_ns BIGINT)")
+    assert S.activity_segments(con) and S.exposed_islands(con)
+    for view, last in (("activity_segments", ("n_memory", "HUGEINT")), ("_exposed_islands", ("exposed_ns", "HUGEINT"))):
+        assert con.execute(f"SELECT count(*) FROM {view}").fetchone()[0] == 0
+        assert con.execute(f"DESCRIBE {view}").fetchall()[-1][:2] == last

@@ -30,6 +30,10 @@ _SCHEMA = pa.schema([("run", pa.string()), ("rank", pa.int32()), ("window_id", p
 _SELECT = ("SELECT run, rank, window_id, step, lo_ns, hi_ns, dur_ns, label, CAST(n_compute AS HUGEINT) AS n_compute, "
            "CAST(n_comm AS HUGEINT) AS n_comm, CAST(n_memory AS HUGEINT) AS n_memory FROM {src}")
 
+#: _exposed_islands' column types in SQL (exposed_ns a sum of BIGINT, so HUGEINT)
+_ISLANDS_SELECT = ("SELECT CAST(run AS VARCHAR) AS run, CAST(rank AS INTEGER) AS rank, CAST(window_id AS INTEGER) AS window_id, "
+                   "CAST(step AS INTEGER) AS step, lo_ns, hi_ns, CAST(exposed_ns AS HUGEINT) AS exposed_ns FROM {src}")
+
 
 def _codes(col: pa.ChunkedArray) -> tuple[np.ndarray, int]:
     """Non-negative int64 codes of a column (equal values, equal codes; NULL its own code) and how
@@ -108,13 +112,11 @@ def sweep(tbl: pa.Table, per_step: bool, pack_limit: int = 1 << _BITS) -> pa.Tab
     pack into one int64 (the caller then runs the SQL). The three running counts share one cumsum
     when every partition has fewer than ``pack_limit`` deltas (each count then fits its bits)."""
     n = tbl.num_rows
-    keys = ["run", "rank", "window_id"] + (["step"] if per_step else [])
-    packed = _partition_key([tbl.column(k) for k in keys]) if n else (np.zeros(0, np.int64), 1)
+    packed = _partition_key([tbl.column(k) for k in ["run", "rank", "window_id"] + (["step"] if per_step else [])])
     if packed is None:
         return None
     key, key_bits = packed
-    lo = tbl.column("lo_ns").to_numpy().astype(np.int64, copy=False)
-    hi = tbl.column("hi_ns").to_numpy().astype(np.int64, copy=False)
+    lo, hi = _times(tbl)
     t = np.concatenate([lo, hi])
     key = np.concatenate([key, key])
     order = _order(key, key_bits, t)
@@ -147,19 +149,29 @@ def sweep(tbl: pa.Table, per_step: bool, pack_limit: int = 1 << _BITS) -> pa.Tab
         schema=_SCHEMA)
 
 
+def _times(tbl: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """The lo_ns and hi_ns columns as int64 arrays."""
+    return tuple(tbl.column(c).to_numpy().astype(np.int64, copy=False) for c in ("lo_ns", "hi_ns"))
+
+
+def _save(con, view: str, out: pa.Table | None, select: str) -> bool:
+    """Make ``view`` in ``con`` as a temporary table of ``select`` over ``out`` (``{src}``, the
+    view's column types); False (nothing made) when ``out`` is None."""
+    if out is None:
+        return False
+    con.register("_ta_numpy", out)
+    try:
+        con.execute(f"CREATE OR REPLACE TEMP TABLE {view} AS " + select.format(src="_ta_numpy"))
+    finally:
+        con.unregister("_ta_numpy")
+    return True
+
+
 def activity_segments(con) -> bool:
     """Make ``activity_segments`` (activity.sql) in ``con`` as a temporary table from
     ``activity_intervals``; False (nothing made) when :func:`sweep` cannot: the caller runs the SQL."""
     tbl = con.sql("SELECT run, rank, window_id, step, category, lo_ns, hi_ns FROM activity_intervals").to_arrow_table()
-    out = sweep(tbl, per_step=True)
-    if out is None:
-        return False
-    con.register("_ta_sweep", out)
-    try:
-        con.execute("CREATE OR REPLACE TEMP TABLE activity_segments AS " + _SELECT.format(src="_ta_sweep"))
-    finally:
-        con.unregister("_ta_sweep")
-    return True
+    return _save(con, "activity_segments", sweep(tbl, per_step=True), _SELECT)
 
 
 def islands(tbl: pa.Table) -> pa.Table | None:
@@ -168,25 +180,25 @@ def islands(tbl: pa.Table) -> pa.Table | None:
     exactly where the previous ended joins it), with their summed length. None when the partition
     keys do not pack, or when two segments of a partition overlap (the sweep's never do; the SQL's
     running max is then needed)."""
-    n = tbl.num_rows
-    packed = _partition_key([tbl.column(k) for k in ("run", "rank", "window_id", "step")]) if n else (np.zeros(0, np.int64), 1)
+    packed = _partition_key([tbl.column(k) for k in ("run", "rank", "window_id", "step")])
     if packed is None:
         return None
     key, key_bits = packed
-    lo = tbl.column("lo_ns").to_numpy().astype(np.int64, copy=False)
-    hi = tbl.column("hi_ns").to_numpy().astype(np.int64, copy=False)
+    lo, hi = _times(tbl)
     order = _order(key, key_bits, lo)
     key, lo, hi = key[order], lo[order], hi[order]
     same = key[1:] == key[:-1]
     if (same & (lo[1:] < hi[:-1])).any():
         return None
-    first = np.flatnonzero(np.concatenate([[True], ~same | (lo[1:] > hi[:-1])])) if n else np.zeros(0, np.int64)
-    last = np.concatenate([first[1:], [n]]) - 1 if n else first
-    exposed = np.add.reduceat(hi - lo, first) if n else np.zeros(0, np.int64)
+    opens = np.ones(len(lo), dtype=bool)
+    opens[1:] = ~same | (lo[1:] > hi[:-1])
+    first = np.flatnonzero(opens)
+    last = np.append(first[1:], len(lo))[:len(first)] - 1   # (none when there are no segments)
     src = pa.array(order[first])
-    cols = [tbl.column(c).take(src) for c in ("run", "rank", "window_id", "step")]
-    return pa.Table.from_arrays(cols + [pa.array(lo[first], pa.int64()), pa.array(np.maximum.reduceat(hi, first) if n
-                                        else hi[last], pa.int64()), pa.array(exposed, pa.int64())],
+    # an island's segments touch end to start: its summed length is its span
+    return pa.Table.from_arrays([tbl.column(c).take(src) for c in ("run", "rank", "window_id", "step")]
+                                + [pa.array(lo[first], pa.int64()), pa.array(hi[last], pa.int64()),
+                                   pa.array(hi[last] - lo[first], pa.int64())],
                                 names=["run", "rank", "window_id", "step", "lo_ns", "hi_ns", "exposed_ns"])
 
 
@@ -195,17 +207,7 @@ def exposed_islands(con) -> bool:
     made) when :func:`islands` cannot: the caller runs the SQL."""
     tbl = con.sql("SELECT run, rank, window_id, step, lo_ns, hi_ns FROM activity_segments "
                   "WHERE label = 'comm'").to_arrow_table()
-    out = islands(tbl)
-    if out is None:
-        return False
-    con.register("_ta_islands", out)
-    try:
-        con.execute("CREATE OR REPLACE TEMP TABLE _exposed_islands AS SELECT CAST(run AS VARCHAR) AS run, "
-                    "CAST(rank AS INTEGER) AS rank, CAST(window_id AS INTEGER) AS window_id, CAST(step AS INTEGER) AS step, "
-                    "lo_ns, hi_ns, CAST(exposed_ns AS HUGEINT) AS exposed_ns FROM _ta_islands")
-    finally:
-        con.unregister("_ta_islands")
-    return True
+    return _save(con, "_exposed_islands", islands(tbl), _ISLANDS_SELECT)
 
 
 #: view -> the function that makes it in a connection (returns False to have the SQL run instead)

@@ -185,11 +185,11 @@ def routing_min_pct(data: RunData) -> float:
     return float(data.params.get("imbalance_min_excess_pct", default("imbalance_min_excess_pct")))
 
 
-def routing_estimates(data: RunData) -> pd.DataFrame:
+def routing_estimates(data: RunData, per: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per rank above ``routing_min_ratio``: the ratio and what balanced routing would save per
-    step (median over steps of :func:`routing_per_step`'s transfer excess + imposed waits), in ns
-    and in % of the median step. Columns: rank, ratio, rec_ns, rec_pct."""
-    per = routing_per_step(data)
+    step (median over steps of :func:`routing_per_step`'s transfer excess + imposed waits, ``per``
+    when the caller has it), in ns and in % of the median step. Columns: rank, ratio, rec_ns, rec_pct."""
+    per = routing_per_step(data) if per is None else per
     if per.empty:
         return pd.DataFrame(columns=["rank", "ratio", "rec_ns", "rec_pct"])
     step_ns = median_step_ns(data)
@@ -208,7 +208,7 @@ def _routing(data: RunData, already: set) -> list[Finding]:
     per = routing_per_step(data)
     if per.empty:
         return []
-    est = routing_estimates(data).set_index("rank")
+    est = routing_estimates(data, per).set_index("rank")
     min_pct = routing_min_pct(data)
     coll = data.r("collectives")
     n_ranks = max(int(data.ranks["rank"].nunique()) if not data.ranks.empty else 1, 1)
