@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 from conftest import EXTERNAL, TRACES, load_raw, need_external
 
@@ -347,6 +348,21 @@ def test_critical_path_follows_p2p_through_the_slow_stage(pipeline):
     assert (idle2 > 70e6).all()  # the sleeps: no recorded activity on rank 2
     top = summ.groupby("rank")["path_ns"].sum().idxmax()
     assert top == 2
+
+
+def test_critical_path_is_the_same_whatever_the_batches_it_reads(pipeline, monkeypatch):
+    """The walk reads the synchronisation points one step at a time from batches of rows (so the
+    run's points are never all in memory): batches of 1 and 7 rows (every step boundary inside or
+    at the edge of a batch) give the path of batches larger than the run."""
+    from traceanalyzer.analyses import critical_path as cpm
+    whole = cpm.critical_path(pipeline)
+    assert whole["run"].nunique() > 1 and len(whole) > 10
+    for rows in (1, 7):
+        monkeypatch.setattr(cpm, "_BATCH_ROWS", rows)
+        pd.testing.assert_frame_equal(cpm.critical_path(pipeline), whole)
+    one = cpm.critical_path(pipeline, run="pp_1f1b_4rank_slow2", step=3)
+    pd.testing.assert_frame_equal(one, whole[(whole["run"] == "pp_1f1b_4rank_slow2") & (whole["step"] == 3)]
+                                  .reset_index(drop=True))
 
 
 def test_straggler_excess_is_placed_in_the_user_annotation(tmp_path):

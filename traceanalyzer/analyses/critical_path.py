@@ -53,25 +53,63 @@ def critical_path(store_or_con, run: str | None = None, step: int | None = None,
                             WHERE true {_where(run, step, 'p.')[0]}
                             ORDER BY p.run, p.step, p.rank""", args).df()  # ties of the latest end: the lowest rank
     # where each rank waited: collectives it did not arrive last at, receives posted before their send
-    sync = con.execute(f"""
-        SELECT r.run, r.step, r.rank, r.last_arrival_ns AS release_ns, i.last_arriver AS next_rank,
+    rows = []
+    # one run at a time, its synchronisation points streamed in (step, rank, release, next arrival)
+    # order (a total order: the same path whatever order the rows came in), one step's rows in
+    # memory at a time: a step of thousands of ranks has millions, the run hundreds of millions
+    for run_name, st_run in steps.groupby("run", sort=True):
+        by_step = {int(k): v for k, v in st_run.groupby("step", sort=True)}
+        paths = {}
+        for step_no, sync in _sync_by_step(con, run_name, step):
+            if step_no in by_step:  # (a step with no step_phases row has no end to start from)
+                paths[step_no] = _walk(run_name, step_no, by_step[step_no], sync)
+        for step_no, st in by_step.items():  # no synchronisation point: the path is the step
+            rows += paths[step_no] if step_no in paths else _walk(run_name, step_no, st, _NO_SYNC)
+    return pd.DataFrame(rows, columns=_COLS)
+
+
+_SYNC_COLS = ["rank", "release_ns", "next_rank", "next_ns", "via_op", "via_pg", "via_seq"]
+_NO_SYNC = pd.DataFrame({c: pd.Series(dtype="int64" if c in ("rank", "release_ns", "next_rank", "next_ns", "via_seq")
+                                      else "object") for c in _SYNC_COLS})
+#: rows fetched at a time from the ordered synchronisation points
+_BATCH_ROWS = 1 << 17
+
+
+def _sync_by_step(con, run: str, step: int | None):
+    """(step, its synchronisation points sorted by rank, release, next arrival) of ``run``, in step
+    order: where each rank waited (collectives it did not arrive last at, receives posted before
+    their send), read in batches so that one step's rows, not the run's, are in memory."""
+    where, args = _where(run, step)
+    reader = con.sql(f"""
+        SELECT r.step, r.rank, r.last_arrival_ns AS release_ns, i.last_arriver AS next_rank,
                l.arrival_ns AS next_ns, i.op AS via_op, r.pg AS via_pg, r.seq AS via_seq
         FROM collective_ranks r JOIN collective_instances i USING (run, pg, seq)
         JOIN collective_ranks l ON l.run = r.run AND l.pg = r.pg AND l.seq = r.seq AND l.rank = i.last_arriver
         WHERE r.n_ranks > 1 AND r.step IS NOT NULL AND i.last_arriver <> r.rank {_where(run, step, 'r.')[0]}
         UNION ALL
-        SELECT run, step, dst_rank, recv_release_ns, src_rank, send_arrival_ns, 'recv', pg, p2p_seq
+        SELECT step, dst_rank, recv_release_ns, src_rank, send_arrival_ns, 'recv', pg, p2p_seq
         FROM p2p_transfers WHERE step IS NOT NULL AND recv_wait_ns > 0 {where}
-        ORDER BY run, step, rank, release_ns, next_ns, next_rank, via_pg, via_seq, via_op""", args).df()
-    rows = []
-    # sorted once (a total order: the same path whatever order the rows came in): per (run, step),
-    # per rank, by (release, next arrival); the walk reads only the rows it visits (no Python
-    # object per synchronisation point: a step of thousands of ranks has millions)
-    sync_by_step = sync.groupby(["run", "step"], sort=False).indices
-    for (run_name, step_no), st in steps.groupby(["run", "step"], sort=True):
-        idx = sync_by_step.get((run_name, step_no))
-        rows += _walk(run_name, int(step_no), st, sync.iloc[idx] if idx is not None else sync.iloc[0:0])
-    return pd.DataFrame(rows, columns=_COLS)
+        ORDER BY step, rank, release_ns, next_ns, next_rank, via_pg, via_seq, via_op""", params=args
+    ).to_arrow_reader(_BATCH_ROWS)
+    held, held_step = [], None
+    for batch in reader:
+        steps = batch.column(0).to_numpy(zero_copy_only=False)
+        cuts = np.flatnonzero(steps[1:] != steps[:-1]) + 1
+        for lo, hi in zip(np.r_[0, cuts], np.r_[cuts, len(steps)]):
+            if lo == hi:
+                continue
+            if held and int(steps[lo]) != held_step:
+                yield held_step, _frame(held)
+                held = []
+            held_step = int(steps[lo])
+            held.append(batch.slice(lo, hi - lo))
+    if held:
+        yield held_step, _frame(held)
+
+
+def _frame(batches) -> pd.DataFrame:
+    import pyarrow as pa
+    return pa.Table.from_batches(batches).drop_columns(["step"]).to_pandas()
 
 
 def _where(run, step, prefix: str = ""):
