@@ -258,3 +258,97 @@ def test_numpy_views_of_no_rows_are_empty_tables_of_the_sqls_types():
     for view, last in (("activity_segments", ("n_memory", "HUGEINT")), ("_exposed_islands", ("exposed_ns", "HUGEINT"))):
         assert con.execute(f"SELECT count(*) FROM {view}").fetchone()[0] == 0
         assert con.execute(f"DESCRIBE {view}").fetchall()[-1][:2] == last
+
+
+# -- pipeline_gaps.sql's _pipeline_p2p_islands in numpy (analyses/pipeline_sweep.py) -----------------
+
+def _gaps_and_calls(rnd: random.Random) -> tuple[list[tuple], list[tuple]]:
+    """Per run and rank: disjoint gaps in time order over a few steps (NULL among them), warmup and
+    cooldown rows the view must skip, and sends, receives and collectives that start before, inside
+    or across gaps, with and without a completion, some ending exactly where a gap does."""
+    gaps, calls = [], []
+    for run in ("a", "b"):
+        for rank in range(rnd.randrange(1, 4)):
+            t = rnd.randrange(0, 50)
+            edges, spans = [], []
+            for step in [None, *range(rnd.randrange(1, 4))]:
+                gaps.append((run, rank, step, "warmup", t, t + 3))
+                for _ in range(rnd.randrange(0, 5)):
+                    t += rnd.randrange(1, 10)
+                    hi = t + rnd.randrange(1, 20)
+                    gaps.append((run, rank, step, "gap", t, hi))
+                    edges.append(hi)
+                    spans.append((t, hi))
+                    t = hi
+                gaps.append((run, rank, step, "cooldown", t, t + 2))
+            for _ in range(rnd.randrange(0, 25)):
+                op = rnd.choice(["send", "recv", "send", "recv", "all_reduce"])
+                lo, dur = rnd.randrange(0, t + 10), rnd.randrange(0, 15)
+                if spans and rnd.random() < 0.5:   # short calls inside one gap: islands apart
+                    g_lo, g_hi = rnd.choice(spans)
+                    lo, dur = rnd.randrange(g_lo, g_hi), rnd.randrange(0, 4)
+                end = rnd.choice([None, lo + dur + rnd.randrange(0, 40), rnd.choice(edges or [lo]), lo - 1])
+                peer = rnd.randrange(0, 4)
+                calls.append((run, rank, op, peer if op == "recv" else None, peer if op == "send" else None, lo, dur, end))
+    return gaps, calls
+
+
+def _p2p_con(gaps, calls, tail):
+    con = duckdb.connect()
+    con.execute("CREATE TABLE _pipeline_gaps (run VARCHAR, rank INTEGER, step INTEGER, kind VARCHAR, lo_ns BIGINT, hi_ns BIGINT)")
+    con.execute("CREATE TABLE comms (run VARCHAR, rank INTEGER, op VARCHAR, src_rank INTEGER, dst_rank INTEGER, "
+                "enqueue_ts_ns BIGINT, enqueue_dur_ns BIGINT, end_ts_ns BIGINT)")
+    con.executemany("INSERT INTO _pipeline_gaps VALUES (?, ?, ?, ?, ?, ?)", gaps)
+    con.executemany("INSERT INTO comms VALUES (?, ?, ?, ?, ?, ?, ?, ?)", calls)
+    if tail is not None:
+        con.execute(f"SET VARIABLE p2p_wait_max_tail_ns = {tail}")
+    for statement in con.extract_statements(M.modules()["intervals"].text):
+        con.execute(statement)
+    view = [s.query for s in con.extract_statements(M.modules()["pipeline_gaps"].text)
+            if "VIEW _pipeline_p2p_islands" in s.query][0]
+    con.execute(view.replace("CREATE OR REPLACE TEMP VIEW _pipeline_p2p_islands", "CREATE TEMP VIEW sql_islands"))
+    return con
+
+
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("tail", [5, None], ids=["tail", "no-tail"])
+def test_numpy_p2p_islands_same_rows_as_the_sql(seed, tail):
+    """pipeline_sweep.p2p_islands gives the SQL's rows and types on random gaps and calls: sends held
+    open past their call (with a next call soon after, or not, or none), receives completing inside or
+    after a gap, parts overlapping, touching or apart, NULL steps, two runs, the tail variable set or
+    not."""
+    from traceanalyzer.analyses import pipeline_sweep as P
+    con = _p2p_con(*_gaps_and_calls(random.Random(seed)), tail)
+    assert P.pipeline_p2p_islands(con)
+    assert con.execute("SELECT count(*) FROM sql_islands").fetchone()[0] > 5
+    assert _same(con, "SELECT * FROM _pipeline_p2p_islands", "SELECT * FROM sql_islands") == 0
+    several = con.execute("SELECT count(*) FROM (SELECT run, rank, lo_ns FROM sql_islands GROUP BY ALL HAVING count(*) > 1)")
+    assert several.fetchone()[0] > 0   # gaps of several islands
+
+
+def test_numpy_p2p_islands_leave_what_they_cannot_take_to_the_sql():
+    """Overlapping gaps of one rank, and a pending call with no duration, are the SQL's: the numpy twin
+    declines (False), and bind makes the view from its SQL."""
+    from traceanalyzer.analyses import pipeline_sweep as P
+    call = ("a", 0, "recv", 1, None, 0, 5, 20)
+    overlapping = [("a", 0, 1, "gap", 0, 10), ("a", 0, 2, "gap", 5, 15)]
+    assert not P.pipeline_p2p_islands(_p2p_con(overlapping, [call], 5))
+    assert not P.pipeline_p2p_islands(_p2p_con(overlapping[:1], [call[:6] + (None, 20)], 5))
+    con = _p2p_con(overlapping[:1], [call], 5)
+    assert P.pipeline_p2p_islands(con)
+    assert con.execute("SELECT c_lo, c_hi, src_rank FROM _pipeline_p2p_islands").fetchall() == [(0, 5, 1)]
+
+
+@pytest.mark.parametrize("run", ["pp_1f1b_4rank_slow2", "pp_interleaved_4rank_slow5", "pp_gpipe_2x2_dp_optimeline_slow1"])
+def test_bind_makes_p2p_islands_with_the_sqls_rows_on_real_pipelines(tmp_path, run):
+    """On shipped pipeline recordings (1F1B, interleaved, a PP x DP op timeline) the view bind made in
+    numpy is the SQL's rows."""
+    from traceanalyzer.analyses import prepare
+    ta.ingest([TRACES / run], tmp_path / "s", run=run, progress=False, workers=1)
+    con = ta.open(str(tmp_path / "s"))
+    prepare(con, views=["pipeline_bubbles"])
+    view = [s.query for s in con.extract_statements(M.modules()["pipeline_gaps"].text)
+            if "VIEW _pipeline_p2p_islands" in s.query][0]
+    con.execute(view.replace("CREATE OR REPLACE TEMP VIEW _pipeline_p2p_islands", "CREATE TEMP VIEW sql_islands"))
+    assert con.execute("SELECT count(*) FROM sql_islands").fetchone()[0] > 20
+    assert _same(con, "SELECT * FROM _pipeline_p2p_islands", "SELECT * FROM sql_islands") == 0

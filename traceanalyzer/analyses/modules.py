@@ -29,7 +29,10 @@ from dataclasses import dataclass
 from functools import lru_cache
 from importlib import resources
 
-from .sweep import COMPUTED
+from . import pipeline_sweep, sweep
+
+#: views made by a numpy twin of their SQL (the SQL stays the definition; the function may decline)
+COMPUTED = {**sweep.COMPUTED, **pipeline_sweep.COMPUTED}
 
 _REQUIRES_RE = re.compile(r"^-- requires: (.*)$", re.MULTILINE)
 _DEFINES_RE = re.compile(r"CREATE OR REPLACE TEMP (?:VIEW|MACRO|TABLE)\s+(\w+)")

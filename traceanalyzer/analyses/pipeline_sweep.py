@@ -1,0 +1,153 @@
+"""pipeline_gaps.sql's ``_pipeline_p2p_islands`` computed in numpy (issue 17: the pipeline views
+were the map's largest cost on op timelines of thousands of ranks).
+
+The SQL stays the definition (``tests/test_sweep_reuse.py`` compares the two on random gaps and
+calls and on shipped pipeline runs); :func:`.modules.bind` makes the view with
+:func:`pipeline_p2p_islands` unless it declines (returns False), as for :mod:`.sweep`'s views.
+
+The SQL joins every pending send or receive of a rank with the steps, then the gaps, it overlaps
+(an ASOF join for a send's next call, two range joins) and merges the charged parts of each gap
+into islands with a window. Here, per (run, rank), the gaps are disjoint and sorted by time, so the
+gaps one call overlaps are a range found by two ``searchsorted``; a send's next call is one more;
+the islands are one running max over the parts sorted by (gap, start). Input it cannot take so
+(gaps of one rank that overlap, a call with no duration or no peer, keys or times that do not pack
+into an int64) is left to the SQL.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .sweep import _partition_key, _save
+
+#: the view's column types in SQL
+_SELECT = ("SELECT CAST(run AS VARCHAR) AS run, CAST(rank AS INTEGER) AS rank, CAST(step AS INTEGER) AS step, "
+           "lo_ns, hi_ns, c_lo, c_hi, CAST(src_rank AS INTEGER) AS src_rank, part_ns FROM {src}")
+
+_GAPS = "SELECT run, rank, step, lo_ns, hi_ns FROM _pipeline_gaps WHERE kind = 'gap'"
+_CALLS = ("SELECT run, rank, op, src_rank, dst_rank, enqueue_ts_ns, enqueue_dur_ns, end_ts_ns FROM comms "
+          "WHERE enqueue_ts_ns IS NOT NULL")
+
+
+def _i64(col) -> np.ndarray:
+    return pc.fill_null(col, 0).to_numpy().astype(np.int64, copy=False)
+
+
+def _is(col, value: str) -> np.ndarray:
+    return pc.fill_null(pc.equal(col, value), False).to_numpy(zero_copy_only=False)
+
+
+def _bits(n: int) -> int:
+    return max(int(n).bit_length(), 1)
+
+
+def p2p_islands(gaps: pa.Table, calls: pa.Table, tail_ns: int | None) -> pa.Table | None:
+    """``_pipeline_p2p_islands`` over an Arrow table of the gaps (run, rank, step, lo_ns, hi_ns: the
+    kind 'gap' rows of _pipeline_gaps) and one of the communication calls (comms' run, rank, op,
+    src_rank, dst_rank, enqueue_ts_ns, enqueue_dur_ns, end_ts_ns, enqueue_ts_ns not NULL), with
+    ``p2p_wait_max_tail_ns`` (None: unset, no send waited past its call); None when it cannot."""
+    ng = gaps.num_rows
+    packed = _joint_key(gaps, calls)
+    if packed is None:
+        return None
+    key, key_bits = packed
+    kg, kc = key[:ng], key[ng:]
+    glo, ghi = _i64(gaps.column("lo_ns")), _i64(gaps.column("hi_ns"))
+    op = calls.column("op")
+    recv, send = _is(op, "recv"), _is(op, "send")
+    enq = _i64(calls.column("enqueue_ts_ns"))
+    pend = np.flatnonzero(recv | send)
+    dur, peer = calls.column("enqueue_dur_ns").take(pend), pc.if_else(
+        pa.array(recv[pend]), calls.column("src_rank").take(pend), calls.column("dst_rank").take(pend))
+    if dur.null_count or peer.null_count or (ghi <= glo).any():
+        return None
+    p_send, p_lo, p_key = send[pend], enq[pend], kc[pend]
+    p_call_end = p_lo + _i64(dur)
+    p_hi = np.maximum(_i64(calls.column("end_ts_ns").take(pend)), p_call_end)
+    times = [a for a in (glo, ghi, enq, p_hi) if len(a)]
+    if not times or not len(pend) or not ng:
+        return _empty()
+    t0 = min(int(a.min()) for a in times)
+    sb = _bits(max(int(a.max()) for a in times) - t0)
+    if key_bits + sb > 63:
+        return None
+    # the gaps of each (run, rank) in time order: disjoint, so their ends are in that order too
+    go = np.argsort((kg << sb) | (glo - t0), kind="stable")
+    kg, glo, ghi = kg[go], glo[go], ghi[go]
+    if ((kg[1:] == kg[:-1]) & (glo[1:] < ghi[:-1])).any():
+        return None
+    # a send's next call: the rank's first communication call at or after the send completed
+    calls_sorted = np.sort((kc << sb) | (enq - t0))
+    q = (p_key << sb) | (p_hi - t0)
+    j = np.minimum(np.searchsorted(calls_sorted, q, "left"), len(calls_sorted) - 1)
+    has_next = (calls_sorted[j] >> sb) == p_key
+    has_next &= calls_sorted[j] >= q
+    p_next = (calls_sorted[j] & ((1 << sb) - 1)) + t0
+    # the gaps each pending call overlaps: end after the call's start, start before its end
+    first = np.searchsorted((kg << sb) | (ghi - t0), (p_key << sb) | (p_lo - t0), "right")
+    stop = np.searchsorted((kg << sb) | (glo - t0), q, "left")
+    n = np.maximum(stop - first, 0)
+    pi = np.repeat(np.arange(len(pend)), n)
+    gi = np.repeat(first - (np.cumsum(n) - n), n) + np.arange(int(n.sum()))
+    g_lo, g_hi, c_hi_p = glo[gi], ghi[gi], p_hi[pi]
+    c_lo = np.maximum(g_lo, p_lo[pi])
+    if tail_ns is None:
+        waited_send = np.zeros(len(pi), dtype=bool)
+    else:
+        nxt = np.where(has_next[pi], np.minimum(g_hi, p_next[pi]), g_hi)
+        waited_send = (g_hi >= c_hi_p) & (nxt <= c_hi_p + int(tail_ns))
+    waited = np.where(p_send[pi], waited_send, c_hi_p <= g_hi)
+    c_hi = np.where(waited, np.minimum(g_hi, c_hi_p), np.minimum(g_hi, p_call_end[pi]))
+    keep = c_hi > c_lo
+    gi, pi, c_lo, c_hi = gi[keep], pi[keep], c_lo[keep], c_hi[keep]
+    # islands per gap: by (gap, start, end), a part opens one when it starts after every earlier
+    # part of its gap ended (the running max of the ends, offset by the gap so it never crosses one)
+    o = np.lexsort((c_hi, c_lo, gi))
+    gi, pi, c_lo, c_hi = gi[o], pi[o], c_lo[o], c_hi[o]
+    w = _bits(int((ghi - glo).max()))
+    if _bits(ng) + w > 63:
+        return None
+    run_max = np.maximum.accumulate((gi << w) | (c_hi - glo[gi]))
+    opens = np.ones(len(gi), dtype=bool)
+    opens[1:] = (gi[1:] != gi[:-1]) | (c_lo[1:] - glo[gi[1:]] > (run_max[:-1] & ((1 << w) - 1)))
+    heads = np.flatnonzero(opens)
+    if not len(heads):
+        return _empty()
+    island = np.cumsum(opens) - 1
+    part = c_hi - c_lo
+    src = _i64(peer)[pi]
+    best = np.lexsort((src, -part, island))   # per island: the longest part, ties the lowest peer
+    best = best[np.flatnonzero(np.r_[True, island[best][1:] != island[best][:-1]])]
+    rows = pa.array(go[gi[heads]])
+    return pa.Table.from_arrays(
+        [gaps.column(c).take(rows) for c in ("run", "rank", "step")]
+        + [pa.array(a, pa.int64()) for a in (glo[gi[heads]], ghi[gi[heads]], c_lo[heads],
+                                             np.maximum.reduceat(c_hi, heads))]
+        + [pa.array(src[best], pa.int64()), pa.array(np.maximum.reduceat(part, heads), pa.int64())],
+        names=["run", "rank", "step", "lo_ns", "hi_ns", "c_lo", "c_hi", "src_rank", "part_ns"])
+
+
+def _joint_key(gaps: pa.Table, calls: pa.Table):
+    """One int64 per row of the gaps then the calls, equal exactly when (run, rank) are."""
+    cols = [pa.chunked_array(gaps.column(c).cast(t).chunks + calls.column(c).cast(t).chunks, type=t)
+            for c, t in (("run", pa.string()), ("rank", pa.int64()))]
+    return _partition_key(cols)
+
+
+def _empty() -> pa.Table:
+    return pa.table({"run": pa.array([], pa.string()), "rank": pa.array([], pa.int32()),
+                     "step": pa.array([], pa.int32()),
+                     **{c: pa.array([], pa.int64()) for c in ("lo_ns", "hi_ns", "c_lo", "c_hi", "src_rank", "part_ns")}})
+
+
+def pipeline_p2p_islands(con) -> bool:
+    """Make ``_pipeline_p2p_islands`` (pipeline_gaps.sql) in ``con`` from ``_pipeline_gaps`` and
+    ``comms``; False (nothing made) when :func:`p2p_islands` cannot: the caller runs the SQL."""
+    tail = con.execute("SELECT getvariable('p2p_wait_max_tail_ns')").fetchall()[0][0]
+    out = p2p_islands(con.sql(_GAPS).to_arrow_table(), con.sql(_CALLS).to_arrow_table(), tail)
+    return _save(con, "_pipeline_p2p_islands", out, _SELECT)
+
+
+#: view -> the function that makes it in a connection (returns False to have the SQL run instead)
+COMPUTED = {"_pipeline_p2p_islands": pipeline_p2p_islands}
