@@ -121,3 +121,75 @@ def test_same_rows_as_walking_from_every_window(hops):
         renumbered += sum(step != aligned for _, _, _, step, aligned in rows)
         con.close()
     assert renumbered > 0
+
+
+#: the links of point-to-point transfers before session 25: every receive joined to its send
+LINKS_BY_TRANSFER = """
+WITH p2p AS (
+    SELECT run, op, coalesce(pg_name, '?') AS pg, src_rank, dst_rank, tag, p2p_seq, rank, window_id, step FROM comms
+    WHERE is_p2p AND op IN ('send', 'recv') AND step IS NOT NULL AND src_rank IS NOT NULL AND dst_rank IS NOT NULL
+),
+links AS (
+    SELECT r.run, r.rank AS a_rank, r.window_id AS a_win, s.rank AS b_rank, s.window_id AS b_win, r.step - s.step AS d
+    FROM p2p r JOIN p2p s ON s.run = r.run AND s.op = 'send' AND s.rank = r.src_rank AND s.pg = r.pg
+     AND s.src_rank = r.src_rank AND s.dst_rank = r.dst_rank AND s.tag IS NOT DISTINCT FROM r.tag AND s.p2p_seq = r.p2p_seq
+    WHERE r.op = 'recv' AND r.rank = r.dst_rank
+)
+SELECT run, a_rank, a_win, b_rank, b_win, d, count(*) AS n FROM links GROUP BY ALL ORDER BY ALL
+"""
+
+
+def _transfers(rnd: random.Random) -> list[tuple]:
+    """Sends and receives per channel, window and step, mostly the regular case (each step's
+    transfers a contiguous range of p2p_seq, on both sides) and, at random: a send duplicated, one
+    side's transfer dropped or numbered as the one before, a NULL p2p_seq, a NULL tag, a second window numbering from 0 again,
+    receives recorded on a rank that is not their destination, steps shifted between the sides."""
+    rows = []
+    for run in ("a", "b"):
+        for src, dst in ((0, 1), (1, 2), (2, 1), (1, 0), (3, 0)):
+            tag = rnd.choice([0, 0, None])
+            for win in range(rnd.randrange(1, 3)):
+                seq, shift = 0, rnd.choice([0, 0, 1, -1])
+                for step in range(rnd.randrange(1, 5)):
+                    for _ in range(rnd.randrange(1, 6)):
+                        s_seq = None if rnd.random() < 0.04 else seq - 1 if seq and rnd.random() < 0.05 else seq
+                        r_seq = None if rnd.random() < 0.04 else seq
+                        send = (run, True, "send", "pp", None, src, dst, tag, s_seq, src, win, step)
+                        recv = (run, True, "recv", "pp", None, src, dst, tag, r_seq, dst, win, step + shift)
+                        if rnd.random() > 0.04:
+                            rows.append(send)
+                        if rnd.random() < 0.05:
+                            rows.append(send)
+                        if rnd.random() > 0.04:
+                            rows.append(recv)
+                        if rnd.random() < 0.03:
+                            rows.append(recv[:9] + (src,) + recv[10:])
+                        seq += 1
+                    if rnd.random() < 0.1:
+                        shift = rnd.choice([0, 1, 2])
+    return rows
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_links_by_group_are_the_links_by_transfer(seed):
+    """step_alignment matches a receive group (one window, step and channel) with the send group of the
+    same p2p_seq range in one row, and joins the rest transfer by transfer: the links between windows
+    (how many of each step difference) and their most common step difference are those of joining
+    every receive to its send."""
+    con = duckdb.connect()
+    con.execute("CREATE TABLE comms (run VARCHAR, is_p2p BOOLEAN, op VARCHAR, pg_name VARCHAR, seq BIGINT, src_rank INTEGER, "
+                "dst_rank INTEGER, tag BIGINT, p2p_seq BIGINT, rank INTEGER, window_id INTEGER, step INTEGER)")
+    con.executemany("INSERT INTO comms VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", _transfers(random.Random(seed)))
+    text = M.modules()["step_alignment"].text
+    view = [s.query for s in con.extract_statements(text) if "VIEW step_alignment" in s.query][0]
+    body = view[view.index("WITH RECURSIVE"):view.index("\nboth_ways AS")].rstrip().rstrip(",")
+    got = con.execute(body + "\nSELECT run, a_rank, a_win, b_rank, b_win, d, sum(n) FROM links GROUP BY ALL ORDER BY ALL").fetchall()
+    want = con.execute(LINKS_BY_TRANSFER).fetchall()
+    assert got == want and len(want) > 10
+    modes = con.execute(f"SELECT run, a_rank, a_win, b_rank, b_win, mode(d ORDER BY d) FROM ({LINKS_BY_TRANSFER}), "
+                        "range(n) GROUP BY ALL ORDER BY ALL").fetchall()
+    assert con.execute(body + "\nSELECT * FROM edges ORDER BY ALL").fetchall() == modes
+    fast = con.execute(body.replace("WITH RECURSIVE", "WITH RECURSIVE", 1) +
+                       "\nSELECT count(*) FILTER (WHERE s_rank IS NOT NULL), count(*) FILTER (WHERE s_rank IS NULL) FROM recv_groups")
+    matched, other = fast.fetchone()
+    assert matched > 0 and other > 0   # both paths taken
