@@ -380,7 +380,7 @@ def phase_analyze(spec: dict) -> dict:
 #                 _activity_window_segments) computed once per connection as temp tables, instead of
 #                 being inlined (and recomputed) in every analysis, and several times in some queries
 WHAT_IF = ("prepare_once", "materialize")
-MATERIALIZE = ("activity_intervals", "activity_segments", "_activity_window_segments")  # in dependency order
+MATERIALIZE = ("activity_intervals", "activity_segments", "_activity_window_sums")  # in dependency order
 
 
 def phase_whatif(spec: dict) -> dict:

@@ -4,8 +4,8 @@ overlap (by one ns, or nested), touch or lie apart, zero-length and reversed int
 ranks and windows:
 
 - ``activity_segments``: one running sum over all partitions instead of a partitioned one;
-- ``_activity_window_segments``: each one-step island's step segments reused, only islands of
-  overlapping steps swept again, instead of a second sweep of every interval;
+- ``_activity_window_sums`` (its window segments): each one-step island's step segments reused, only
+  islands of overlapping steps swept again, instead of a second sweep of every interval;
 - ``pipeline_idle``'s idle gaps: one running max over the busy segments instead of islands + lead.
 """
 from __future__ import annotations
@@ -69,6 +69,19 @@ SELECT * FROM gaps ORDER BY ALL
 """
 
 
+#: what overlap_ranks and temporal_ranks read of the window's sweep (the sums of its segments)
+WINDOW_SUMS = """
+SELECT run, rank, window_id, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns,
+       coalesce(sum(dur_ns) FILTER (WHERE n_comm > 0), 0) AS comm_ns,
+       coalesce(sum(dur_ns) FILTER (WHERE n_comm > 0 AND n_compute > 0), 0) AS overlapped_ns,
+       coalesce(sum(dur_ns) FILTER (WHERE label = 'compute'), 0) AS compute_label_ns,
+       coalesce(sum(dur_ns) FILTER (WHERE label = 'comm'), 0) AS comm_label_ns,
+       coalesce(sum(dur_ns) FILTER (WHERE label = 'memory'), 0) AS memory_label_ns,
+       coalesce(sum(dur_ns) FILTER (WHERE label = 'idle'), 0) AS idle_label_ns
+FROM spec_sweep(false) GROUP BY run, rank, window_id
+"""
+
+
 def _intervals(rnd: random.Random) -> list[tuple]:
     rows = []
     for run in ("a", "b"):
@@ -112,10 +125,15 @@ def test_sweep_same_rows_as_the_partitioned_sweep_of_every_interval(seed):
                FROM activity_intervals GROUP BY ALL"""
     overlapping = con.execute(f"""WITH s AS ({spans}) SELECT count(*) FROM s a JOIN s b USING (run, rank, window_id)
                                   WHERE a.step IS DISTINCT FROM b.step AND a.t0 < b.t1 AND b.t0 < a.t1""").fetchone()[0]
-    assert overlapping > 0 and con.execute("SELECT count(*) FROM _activity_window_segments WHERE label = 'idle'").fetchone()[0] > 0
+    view = [s.query for s in con.extract_statements(text) if "VIEW _activity_window_sums" in s.query][0]
+    segments = view[view.index("WITH spans"):view.index("\nSELECT run, rank, window_id, min(lo_ns)")] + " SELECT * FROM window_segments"
+    con.execute(f"CREATE TEMP VIEW window_segments AS {segments}")
+    assert overlapping > 0 and con.execute("SELECT count(*) FROM window_segments WHERE label = 'idle'").fetchone()[0] > 0
     assert _same(con, "SELECT * FROM activity_segments", "SELECT * FROM spec_sweep(true)") == 0
-    assert _same(con, "SELECT * FROM _activity_window_segments", "SELECT * FROM spec_sweep(false)") == 0
-    assert con.execute("SELECT count(*) FROM _activity_window_segments").fetchone()[0] > 0
+    assert _same(con, "SELECT * FROM window_segments", "SELECT * FROM spec_sweep(false)") == 0
+    assert con.execute("SELECT count(*) FROM window_segments").fetchone()[0] > 0
+    # what the view adds up: the sums of the window's sweep, per window
+    assert _same(con, "SELECT * FROM _activity_window_sums", WINDOW_SUMS) == 0
 
 
 def _busy(rnd: random.Random) -> list[tuple]:
@@ -298,8 +316,10 @@ def _p2p_con(gaps, calls, tail):
     con.execute("CREATE TABLE _pipeline_gaps (run VARCHAR, rank INTEGER, step INTEGER, kind VARCHAR, lo_ns BIGINT, hi_ns BIGINT)")
     con.execute("CREATE TABLE comms (run VARCHAR, rank INTEGER, op VARCHAR, src_rank INTEGER, dst_rank INTEGER, "
                 "enqueue_ts_ns BIGINT, enqueue_dur_ns BIGINT, end_ts_ns BIGINT)")
-    con.executemany("INSERT INTO _pipeline_gaps VALUES (?, ?, ?, ?, ?, ?)", gaps)
-    con.executemany("INSERT INTO comms VALUES (?, ?, ?, ?, ?, ?, ?, ?)", calls)
+    if gaps:
+        con.executemany("INSERT INTO _pipeline_gaps VALUES (?, ?, ?, ?, ?, ?)", gaps)
+    if calls:
+        con.executemany("INSERT INTO comms VALUES (?, ?, ?, ?, ?, ?, ?, ?)", calls)
     if tail is not None:
         con.execute(f"SET VARIABLE p2p_wait_max_tail_ns = {tail}")
     for statement in con.extract_statements(M.modules()["intervals"].text):
@@ -328,7 +348,8 @@ def test_numpy_p2p_islands_same_rows_as_the_sql(seed, tail):
 
 def test_numpy_p2p_islands_leave_what_they_cannot_take_to_the_sql():
     """Overlapping gaps of one rank, and a pending call with no duration, are the SQL's: the numpy twin
-    declines (False), and bind makes the view from its SQL."""
+    declines (False), and bind makes the view from its SQL. No gaps or no calls: an empty table of the
+    SQL's types."""
     from traceanalyzer.analyses import pipeline_sweep as P
     call = ("a", 0, "recv", 1, None, 0, 5, 20)
     overlapping = [("a", 0, 1, "gap", 0, 10), ("a", 0, 2, "gap", 5, 15)]
@@ -337,6 +358,11 @@ def test_numpy_p2p_islands_leave_what_they_cannot_take_to_the_sql():
     con = _p2p_con(overlapping[:1], [call], 5)
     assert P.pipeline_p2p_islands(con)
     assert con.execute("SELECT c_lo, c_hi, src_rank FROM _pipeline_p2p_islands").fetchall() == [(0, 5, 1)]
+    for gaps, calls in (([], []), (overlapping[:1], []), ([], [call])):   # nothing to charge: no rows, the SQL's types
+        con = _p2p_con(gaps, calls, 5)
+        assert P.pipeline_p2p_islands(con)
+        assert con.execute("SELECT count(*) FROM _pipeline_p2p_islands").fetchone()[0] == 0
+        assert con.execute("DESCRIBE _pipeline_p2p_islands").fetchall() == con.execute("DESCRIBE sql_islands").fetchall()
 
 
 @pytest.mark.parametrize("run", ["pp_1f1b_4rank_slow2", "pp_interleaved_4rank_slow5", "pp_gpipe_2x2_dp_optimeline_slow1"])

@@ -96,15 +96,19 @@ FROM running WHERE hi_ns IS NOT NULL AND hi_ns > lo_ns;
 CREATE OR REPLACE TEMP VIEW activity_segments AS SELECT * FROM _activity_sweep('activity_intervals', true);
 
 -- Per rank and window, all steps together: what _activity_sweep(activity_intervals, false) gives,
--- without sweeping every interval twice. The steps of a window fall into islands of overlapping
--- time spans (a step's span: its first to its last timestamp; spans that only touch are apart);
--- islands are disjoint, so the window's sweep is, island by island, the sweep of that island's
--- intervals alone (the deltas of every earlier step sum to zero), with idle segments between the
--- islands. A one-step island's sweep is that step's activity_segments; only islands of several
--- overlapping steps (GPU work of step N under step N+1's, an op timeline's steps that overlap by a
--- nanosecond) are swept again.
+-- added up (what overlap_ranks and temporal_ranks read: the window's segments themselves, as many as
+-- activity_segments, are never stored). The segments (CTE window_segments) without sweeping every
+-- interval twice: the steps of a window fall into islands of overlapping time spans (a step's span:
+-- its first to its last timestamp; spans that only touch are apart); islands are disjoint, so the
+-- window's sweep is, island by island, the sweep of that island's intervals alone (the deltas of every
+-- earlier step sum to zero), with idle segments between the islands. A one-step island's sweep is that
+-- step's activity_segments; only islands of several overlapping steps (GPU work of step N under step
+-- N+1's, an op timeline's steps that overlap by a nanosecond) are swept again.
+-- Columns: run, rank, window_id, lo_ns, hi_ns (the first and last segment's ends), comm_ns (time with
+-- communication active), overlapped_ns (communication and compute active), and the time labelled
+-- compute_label_ns, comm_label_ns (exposed communication), memory_label_ns, idle_label_ns.
 -- scope: rank
-CREATE OR REPLACE TEMP VIEW _activity_window_segments AS
+CREATE OR REPLACE TEMP VIEW _activity_window_sums AS
 WITH spans AS (
     SELECT run, rank, window_id, step, least(min(lo_ns), min(hi_ns)) AS t0, greatest(max(lo_ns), max(hi_ns)) AS t1
     FROM activity_intervals GROUP BY ALL
@@ -129,17 +133,27 @@ several AS (  -- the intervals of islands of several steps, the island in place 
     FROM activity_intervals a JOIN steps s
       ON s.run = a.run AND s.rank = a.rank AND s.window_id = a.window_id AND s.step IS NOT DISTINCT FROM a.step
     WHERE s.n_steps > 1
+),
+window_segments AS (
+    SELECT a.run, a.rank, a.window_id, CAST(NULL AS INTEGER) AS step, a.lo_ns, a.hi_ns, a.dur_ns, a.label,
+           a.n_compute, a.n_comm, a.n_memory
+    FROM activity_segments a SEMI JOIN steps s
+      ON s.run = a.run AND s.rank = a.rank AND s.window_id = a.window_id AND s.step IS NOT DISTINCT FROM a.step
+     AND s.n_steps = 1
+    UNION ALL
+    SELECT run, rank, window_id, CAST(NULL AS INTEGER), lo_ns, hi_ns, dur_ns, label, n_compute, n_comm, n_memory
+    FROM _activity_sweep(several, true)
+    UNION ALL  -- between islands: nothing active
+    SELECT run, rank, window_id, CAST(NULL AS INTEGER), prev_t1, t0, t0 - prev_t1, 'idle',
+           CAST(0 AS HUGEINT), CAST(0 AS HUGEINT), CAST(0 AS HUGEINT)
+    FROM (SELECT *, lag(t1) OVER (PARTITION BY run, rank, window_id ORDER BY island) AS prev_t1 FROM islands)
+    WHERE t0 > prev_t1
 )
-SELECT a.run, a.rank, a.window_id, CAST(NULL AS INTEGER) AS step, a.lo_ns, a.hi_ns, a.dur_ns, a.label,
-       a.n_compute, a.n_comm, a.n_memory
-FROM activity_segments a SEMI JOIN steps s
-  ON s.run = a.run AND s.rank = a.rank AND s.window_id = a.window_id AND s.step IS NOT DISTINCT FROM a.step
- AND s.n_steps = 1
-UNION ALL
-SELECT run, rank, window_id, CAST(NULL AS INTEGER), lo_ns, hi_ns, dur_ns, label, n_compute, n_comm, n_memory
-FROM _activity_sweep(several, true)
-UNION ALL  -- between islands: nothing active
-SELECT run, rank, window_id, CAST(NULL AS INTEGER), prev_t1, t0, t0 - prev_t1, 'idle',
-       CAST(0 AS HUGEINT), CAST(0 AS HUGEINT), CAST(0 AS HUGEINT)
-FROM (SELECT *, lag(t1) OVER (PARTITION BY run, rank, window_id ORDER BY island) AS prev_t1 FROM islands)
-WHERE t0 > prev_t1;
+SELECT run, rank, window_id, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns,
+       coalesce(sum(dur_ns) FILTER (WHERE n_comm > 0), 0) AS comm_ns,
+       coalesce(sum(dur_ns) FILTER (WHERE n_comm > 0 AND n_compute > 0), 0) AS overlapped_ns,
+       coalesce(sum(dur_ns) FILTER (WHERE label = 'compute'), 0) AS compute_label_ns,
+       coalesce(sum(dur_ns) FILTER (WHERE label = 'comm'), 0) AS comm_label_ns,
+       coalesce(sum(dur_ns) FILTER (WHERE label = 'memory'), 0) AS memory_label_ns,
+       coalesce(sum(dur_ns) FILTER (WHERE label = 'idle'), 0) AS idle_label_ns
+FROM window_segments GROUP BY run, rank, window_id;

@@ -31,12 +31,9 @@ SELECT run, rank, sum(span_ns) AS span_ns, sum(compute_ns) AS compute_ns, sum(co
        100.0 * sum(comm_ns) / nullif(sum(span_ns), 0) AS comm_pct,
        100.0 * sum(memory_ns) / nullif(sum(span_ns), 0) AS memory_pct,
        100.0 * sum(idle_ns) / nullif(sum(span_ns), 0) AS idle_pct
-FROM (SELECT run, rank, window_id, max(hi_ns) - min(lo_ns) AS span_ns,
-             coalesce(sum(dur_ns) FILTER (WHERE label = 'compute'), 0) AS compute_ns,
-             coalesce(sum(dur_ns) FILTER (WHERE label = 'comm'), 0) AS comm_ns,
-             coalesce(sum(dur_ns) FILTER (WHERE label = 'memory'), 0) AS memory_ns,
-             coalesce(sum(dur_ns) FILTER (WHERE label = 'idle'), 0) AS idle_ns
-      FROM _activity_window_segments GROUP BY run, rank, window_id)
+FROM (SELECT run, rank, window_id, hi_ns - lo_ns AS span_ns, compute_label_ns AS compute_ns,
+             comm_label_ns AS comm_ns, memory_label_ns AS memory_ns, idle_label_ns AS idle_ns
+      FROM _activity_window_sums)
 GROUP BY run, rank;
 
 -- Per kernel (GPU ranks) or CPU operator (CPU ranks) name: count and time, per rank.

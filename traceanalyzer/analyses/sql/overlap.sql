@@ -29,14 +29,10 @@ FROM activity_segments GROUP BY ALL;
 -- one thread and no kernels, so how communication overlapped GPU work is not recorded.
 -- scope: rank
 CREATE OR REPLACE TEMP VIEW overlap_ranks AS
-SELECT run, rank,
-       coalesce(sum(dur_ns) FILTER (WHERE n_comm > 0), 0) AS comm_ns,
-       coalesce(sum(dur_ns) FILTER (WHERE n_comm > 0 AND n_compute > 0), 0) AS overlapped_ns,
-       coalesce(sum(dur_ns) FILTER (WHERE label = 'comm'), 0) AS exposed_ns,
+SELECT run, rank, sum(comm_ns) AS comm_ns, sum(overlapped_ns) AS overlapped_ns, sum(comm_label_ns) AS exposed_ns,
        CASE WHEN bool_or(o.op_timeline) THEN NULL ELSE
-       100.0 * coalesce(sum(dur_ns) FILTER (WHERE n_comm > 0 AND n_compute > 0), 0)
-             / nullif(sum(dur_ns) FILTER (WHERE n_comm > 0), 0) END AS overlap_pct
-FROM _activity_window_segments
+       100.0 * sum(overlapped_ns) / nullif(sum(comm_ns), 0) END AS overlap_pct
+FROM _activity_window_sums
 LEFT JOIN (SELECT DISTINCT run, rank, true AS op_timeline FROM ranks WHERE rank_source = 'op_timeline') o USING (run, rank)
 GROUP BY run, rank;
 
