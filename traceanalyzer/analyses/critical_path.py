@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from . import connect, prepare
 
@@ -52,7 +53,6 @@ def critical_path(store_or_con, run: str | None = None, step: int | None = None,
                             FROM step_phases p LEFT JOIN clock_offsets o ON o.run = p.run AND o.rank = p.rank
                             WHERE true {_where(run, step, 'p.')[0]}
                             ORDER BY p.run, p.step, p.rank""", args).df()  # ties of the latest end: the lowest rank
-    # where each rank waited: collectives it did not arrive last at, receives posted before their send
     rows = []
     # one run at a time, its synchronisation points streamed in (step, rank, release, next arrival)
     # order (a total order: the same path whatever order the rows came in), one step's rows in
@@ -108,7 +108,6 @@ def _sync_by_step(con, run: str, step: int | None):
 
 
 def _frame(batches) -> pd.DataFrame:
-    import pyarrow as pa
     return pa.Table.from_batches(batches).drop_columns(["step"]).to_pandas()
 
 

@@ -10,8 +10,8 @@ The SQL joins every pending send or receive of a rank with the steps, then the g
 into islands with a window. Here, per (run, rank), the gaps are disjoint and sorted by time, so the
 gaps one call overlaps are a range found by two ``searchsorted``; a send's next call is one more;
 the islands are one running max over the parts sorted by (gap, start). Input it cannot take so
-(gaps of one rank that overlap, a call with no duration or no peer, keys or times that do not pack
-into an int64) is left to the SQL.
+(gaps of one rank that overlap or have no end, a call with no duration or no peer, keys or times
+that do not pack into an int64) is left to the SQL.
 """
 from __future__ import annotations
 
@@ -60,7 +60,8 @@ def p2p_islands(gaps: pa.Table, calls: pa.Table, tail_ns: int | None) -> pa.Tabl
     pend = np.flatnonzero(recv | send)
     dur, peer = calls.column("enqueue_dur_ns").take(pend), pc.if_else(
         pa.array(recv[pend]), calls.column("src_rank").take(pend), calls.column("dst_rank").take(pend))
-    if dur.null_count or peer.null_count or (ghi <= glo).any():
+    if dur.null_count or peer.null_count or gaps.column("lo_ns").null_count or gaps.column("hi_ns").null_count \
+            or (ghi <= glo).any():
         return None
     p_send, p_lo, p_key = send[pend], enq[pend], kc[pend]
     p_call_end = p_lo + _i64(dur)
