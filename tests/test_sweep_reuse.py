@@ -312,6 +312,13 @@ def _gaps_and_calls(rnd: random.Random) -> tuple[list[tuple], list[tuple]]:
     return gaps, calls
 
 
+def _sql_islands(con) -> None:
+    """The view's SQL (pipeline_gaps.sql) as ``sql_islands`` in ``con``, beside what bind made."""
+    view = [s.query for s in con.extract_statements(M.modules()["pipeline_gaps"].text)
+            if "VIEW _pipeline_p2p_islands" in s.query][0]
+    con.execute(view.replace("CREATE OR REPLACE TEMP VIEW _pipeline_p2p_islands", "CREATE TEMP VIEW sql_islands"))
+
+
 def _p2p_con(gaps, calls, tail):
     con = duckdb.connect()
     con.execute("CREATE TABLE _pipeline_gaps (run VARCHAR, rank INTEGER, step INTEGER, kind VARCHAR, lo_ns BIGINT, hi_ns BIGINT)")
@@ -325,9 +332,7 @@ def _p2p_con(gaps, calls, tail):
         con.execute(f"SET VARIABLE p2p_wait_max_tail_ns = {tail}")
     for statement in con.extract_statements(M.modules()["intervals"].text):
         con.execute(statement)
-    view = [s.query for s in con.extract_statements(M.modules()["pipeline_gaps"].text)
-            if "VIEW _pipeline_p2p_islands" in s.query][0]
-    con.execute(view.replace("CREATE OR REPLACE TEMP VIEW _pipeline_p2p_islands", "CREATE TEMP VIEW sql_islands"))
+    _sql_islands(con)
     return con
 
 
@@ -374,8 +379,6 @@ def test_bind_makes_p2p_islands_with_the_sqls_rows_on_real_pipelines(tmp_path, r
     ta.ingest([TRACES / run], tmp_path / "s", run=run, progress=False, workers=1)
     con = ta.open(str(tmp_path / "s"))
     prepare(con, views=["pipeline_bubbles"])
-    view = [s.query for s in con.extract_statements(M.modules()["pipeline_gaps"].text)
-            if "VIEW _pipeline_p2p_islands" in s.query][0]
-    con.execute(view.replace("CREATE OR REPLACE TEMP VIEW _pipeline_p2p_islands", "CREATE TEMP VIEW sql_islands"))
+    _sql_islands(con)
     assert con.execute("SELECT count(*) FROM sql_islands").fetchone()[0] > 20
     assert _same(con, "SELECT * FROM _pipeline_p2p_islands", "SELECT * FROM sql_islands") == 0
