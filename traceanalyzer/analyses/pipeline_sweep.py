@@ -102,13 +102,15 @@ def p2p_islands(gaps: pa.Table, calls: pa.Table, tail_ns: int | None) -> pa.Tabl
     c_hi = np.where(waited, np.minimum(g_hi, c_hi_p), np.minimum(g_hi, p_call_end[pi]))
     keep = c_hi > c_lo
     gi, pi, c_lo, c_hi = gi[keep], pi[keep], c_lo[keep], c_hi[keep]
-    # islands per gap: by (gap, start, end), a part opens one when it starts after every earlier
-    # part of its gap ended (the running max of the ends, offset by the gap so it never crosses one)
-    o = np.lexsort((c_hi, c_lo, gi))
-    gi, pi, c_lo, c_hi = gi[o], pi[o], c_lo[o], c_hi[o]
+    # islands per gap: by (gap, start), a part opens one when it starts after every earlier part of
+    # its gap ended (the running max of the ends, offset by the gap so it never crosses one). Parts
+    # of one gap with the same start may come in any order: the later never opens an island (it
+    # starts before the earlier ended), so the islands and their sums are the same.
     w = _bits(int((ghi - glo).max()))
     if _bits(ng) + w > 63:
         return None
+    o = np.argsort((gi << w) | (c_lo - glo[gi]))
+    gi, pi, c_lo, c_hi = gi[o], pi[o], c_lo[o], c_hi[o]
     run_max = np.maximum.accumulate((gi << w) | (c_hi - glo[gi]))
     opens = np.ones(len(gi), dtype=bool)
     opens[1:] = (gi[1:] != gi[:-1]) | (c_lo[1:] - glo[gi[1:]] > (run_max[:-1] & ((1 << w) - 1)))
@@ -117,15 +119,16 @@ def p2p_islands(gaps: pa.Table, calls: pa.Table, tail_ns: int | None) -> pa.Tabl
         return _empty()
     island = np.cumsum(opens) - 1
     part = c_hi - c_lo
+    longest = np.maximum.reduceat(part, heads)
     src = _i64(peer)[pi]
-    best = np.lexsort((src, -part, island))   # per island: the longest part, ties the lowest peer
-    best = best[np.flatnonzero(np.r_[True, island[best][1:] != island[best][:-1]])]
+    # per island: the peer of its longest part, a tie the lowest peer
+    best_src = np.minimum.reduceat(np.where(part == longest[island], src, np.iinfo(np.int64).max), heads)
     rows = pa.array(go[gi[heads]])
     return pa.Table.from_arrays(
         [gaps.column(c).take(rows) for c in ("run", "rank", "step")]
         + [pa.array(a, pa.int64()) for a in (glo[gi[heads]], ghi[gi[heads]], c_lo[heads],
                                              np.maximum.reduceat(c_hi, heads))]
-        + [pa.array(src[best], pa.int64()), pa.array(np.maximum.reduceat(part, heads), pa.int64())],
+        + [pa.array(best_src, pa.int64()), pa.array(longest, pa.int64())],
         names=["run", "rank", "step", "lo_ns", "hi_ns", "c_lo", "c_hi", "src_rank", "part_ns"])
 
 
