@@ -1,13 +1,15 @@
-"""The per-rank part the map now makes for the reduce's largest view (issue 18 part 4):
-imbalance_ops from the saved ``_imbalance_ops_rank`` gives, row for row, what the reduce's old SQL
-(tests/reference/reduce_parts.sql) gives over every rank's intervals in one connection."""
+"""The per-rank parts the map makes for the reduce (issue 18 part 4, issue 17): imbalance_ops and
+work.sql's _work_ops from the saved ``_activity_ops``, imbalance_steps and imbalance_ranks from the
+saved ``_activity_steps``, give, row for row, what the reduce's old SQL
+(tests/reference/reduce_parts.sql) gives over every rank's intervals and segments in one connection."""
 from __future__ import annotations
 
 from conftest import ROOT, ingest_runs
 
 #: FSDP on gloo (CPU operators), a GPU run with a slow rank (kernels)
 RUNS = ("fsdp_gloo_2rank", "ddp_gloo_cuda_2rank_slow1")
-VIEWS = {"imbalance_ops": "_ref_imbalance_ops"}
+VIEWS = {"imbalance_ops": "_ref_imbalance_ops", "imbalance_steps": "_ref_imbalance_steps",
+         "imbalance_ranks": "_ref_imbalance_ranks", "_work_ops": "_ref_work_ops"}
 
 
 def _rows(con, view: str) -> list[tuple]:
@@ -22,26 +24,27 @@ def test_map_parts_give_the_old_reduce_results(tmp_path_factory, monkeypatch):
     store = ingest_runs(tmp_path_factory, "reduce_parts", RUNS, workers=1)
     runs, params = sorted(RUNS), effective_params({})
     monkeypatch.setattr(sm, "MAP_TASK_EVENTS_BYTES", 1)        # one map task a rank
-    assert {"_imbalance_ops_rank"} <= set(sm.saved_views())
+    assert {"_activity_ops", "_activity_steps"} <= set(sm.saved_views())
     assert sm.ensure(store, runs, params) == runs
 
     con = connect(store)                                     # the reduce: the saved parts, no events
-    assert {"_imbalance_ops_rank"} <= set(sm.attach(con, store, runs, params))
+    assert {"_activity_ops", "_activity_steps"} <= set(sm.attach(con, store, runs, params))
     M.bind(con, M.modules_for(list(VIEWS)))
     made = {t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()}
-    assert not made & {"_imbalance_ops_rank", "activity_intervals"}
+    assert not made & {"_activity_ops", "_activity_steps", "activity_intervals", "activity_segments"}
     new = {v: _rows(con, v) for v in VIEWS}
     con.close()
 
     ref = connect(store)                                     # the old SQL over every rank's events
     prepare(ref, modules=[], **params)
-    M.bind(ref, M.modules_for(["activity_intervals"]))
+    M.bind(ref, M.modules_for(["activity_segments", "_same_work", "step_phases"]))
     for statement in ref.extract_statements((ROOT / "tests" / "reference" / "reduce_parts.sql").read_text()):
         ref.execute(statement)
     old = {v: _rows(ref, r) for v, r in VIEWS.items()}
     ref.close()
 
-    assert new == old
+    for v in VIEWS:
+        assert new[v] == old[v], v
     ops = new["imbalance_ops"]
     assert {r[0] for r in ops} == set(runs) and {r[1] for r in ops} == {"compute", "comm", "memory"}
     assert any(r[8] > 0 for r in ops)                        # some op unevenly spent (excess_ns_per_step)

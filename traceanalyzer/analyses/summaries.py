@@ -38,7 +38,8 @@ from ..store import writers
 from . import modules as M
 
 #: bump when the layout of the saved summaries changes (part of the key)
-FORMAT = 4  # 3: _imbalance_ops_rank saved (imbalance_ops' per-rank part); 4: _pipeline_gaps, _pipeline_p2p_islands
+FORMAT = 5  # 3: _imbalance_ops_rank saved (imbalance_ops' per-rank part); 4: _pipeline_gaps, _pipeline_p2p_islands;
+#   5: _activity_steps, _activity_ops (was _imbalance_ops_rank) for the reduce's imbalance and work views
 #: the events Parquet one map task reads at most (bytes; a larger rank is a task of its own)
 MAP_TASK_EVENTS_BYTES = 16 << 20
 #: ranks per map task where the events' sizes are not known (a store on object storage)

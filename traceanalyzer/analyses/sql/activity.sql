@@ -95,6 +95,31 @@ FROM running WHERE hi_ns IS NOT NULL AND hi_ns > lo_ns;
 -- scope: rank
 CREATE OR REPLACE TEMP VIEW activity_segments AS SELECT * FROM _activity_sweep('activity_intervals', true);
 
+-- Per rank and step: its segments added up (one row per (run, rank, step) of activity_segments, step
+-- NULL too): what the per-step views read (overlap.sql's overlap_steps; imbalance.sql and work.sql in
+-- the reduce, which so read a few rows per rank and step, not every segment of the run).
+-- Columns: run, rank, step, lo_ns, hi_ns (the first and last segment's ends), and the time with
+-- communication active comm_ns, with communication and compute overlapped_ns, labelled comm
+-- (exposed) exposed_ns, with compute active compute_ns; each NULL when there is none (a segment is
+-- never empty: a sum of none is the only way to 0).
+-- scope: rank
+CREATE OR REPLACE TEMP VIEW _activity_steps AS
+SELECT run, rank, step, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns,
+       sum(dur_ns) FILTER (WHERE n_comm > 0) AS comm_ns,
+       sum(dur_ns) FILTER (WHERE n_comm > 0 AND n_compute > 0) AS overlapped_ns,
+       sum(dur_ns) FILTER (WHERE label = 'comm') AS exposed_ns,
+       sum(dur_ns) FILTER (WHERE n_compute > 0) AS compute_ns
+FROM activity_segments GROUP BY run, rank, step;
+
+-- Per rank, step and operation: its time (the intervals of each name added up, steps only), made in
+-- the map so that the reduce's views of operations (imbalance.sql's imbalance_ops, work.sql's
+-- _work_ops) combine these rows, not every rank's intervals.
+-- Columns: run, step, category, name, rank, ns.
+-- scope: rank
+CREATE OR REPLACE TEMP VIEW _activity_ops AS
+SELECT run, step, category, name, rank, sum(hi_ns - lo_ns) AS ns
+FROM activity_intervals WHERE step IS NOT NULL GROUP BY ALL;
+
 -- Per rank and window, all steps together: what _activity_sweep(activity_intervals, false) gives,
 -- added up (what overlap_ranks and temporal_ranks read: the window's segments themselves, as many as
 -- activity_segments, are never stored). The segments (CTE window_segments) without sweeping every

@@ -25,8 +25,7 @@
 -- Columns: run, step, n_ranks, mean_ns, max_ns, min_ns, max_over_mean, cv, max_rank.
 CREATE OR REPLACE TEMP VIEW imbalance_steps AS
 WITH per_rank AS (
-    SELECT run, rank, step, sum(dur_ns) FILTER (WHERE n_compute > 0) AS compute_ns
-    FROM activity_segments GROUP BY ALL
+    SELECT run, rank, step, compute_ns FROM _activity_steps
 )
 SELECT run, step, count(*) AS n_ranks, avg(compute_ns) AS mean_ns, max(compute_ns) AS max_ns,
        min(compute_ns) AS min_ns, max(compute_ns) / nullif(avg(compute_ns), 0) AS max_over_mean,
@@ -46,10 +45,8 @@ FROM per_rank GROUP BY ALL;
 -- is_finding (above the thresholds and not the same work), rank_order (1 = most excess work).
 CREATE OR REPLACE TEMP VIEW imbalance_ranks AS
 WITH per_rank AS (
-    SELECT a.run, a.rank, a.step, any_value(p.peers) AS peers,
-           sum(a.dur_ns) FILTER (WHERE a.n_compute > 0) AS compute_ns
-    FROM activity_segments a JOIN _imbalance_peers p USING (run, rank)
-    GROUP BY a.run, a.rank, a.step
+    SELECT a.run, a.rank, a.step, p.peers, a.compute_ns
+    FROM _activity_steps a JOIN _imbalance_peers p USING (run, rank)
 ),
 peer_steps AS (
     SELECT run, peers, step, avg(compute_ns) AS mean_ns,
@@ -101,21 +98,13 @@ SELECT *, coalesce(greatest(sent_over_mean, recv_over_mean) >= getvariable('rout
        row_number() OVER (PARTITION BY run ORDER BY greatest(sent_over_mean, recv_over_mean) DESC NULLS LAST, rank) AS rank_order
 FROM r;
 
--- imbalance_ops' per-rank part, made in the map (summaries.py): each rank's time per step and op
--- name, so that the reduce combines these rows, not every rank's intervals.
--- Columns: run, step, category, name, rank, ns.
--- scope: rank
-CREATE OR REPLACE TEMP VIEW _imbalance_ops_rank AS
-SELECT run, step, category, name, rank, sum(hi_ns - lo_ns) AS ns
-FROM activity_intervals WHERE step IS NOT NULL GROUP BY ALL;
-
 -- Imbalance per op type: for each kernel (GPU) or CPU operator name, its time per rank and step,
 -- and how unevenly the ranks spend it (median over steps). Shows *which* work is unbalanced.
 -- Columns: run, category, name, n_ranks, mean_ns_per_step (mean over ranks), max_ns_per_step,
 -- max_rank (rank with the most, most often), max_over_mean, excess_ns_per_step (max - mean),
 -- rank_order (1 = largest excess).
 CREATE OR REPLACE TEMP VIEW imbalance_ops AS
-WITH per_rank AS (SELECT * FROM _imbalance_ops_rank),
+WITH per_rank AS (SELECT * FROM _activity_ops),  -- its per-rank part, made in the map
 ranks_per_run AS (SELECT run, count(DISTINCT rank) AS n FROM per_rank GROUP BY run),
 per_step AS (
     SELECT p.run, p.step, p.category, p.name, sum(p.ns) / any_value(r.n) AS mean_ns, max(p.ns) AS max_ns,

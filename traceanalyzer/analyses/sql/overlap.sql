@@ -12,15 +12,11 @@
 -- exposed_pct_of_step (exposed / step span of the rank's activity).
 -- scope: rank
 CREATE OR REPLACE TEMP VIEW overlap_steps AS
-SELECT run, rank, step,
-       sum(dur_ns) FILTER (WHERE n_comm > 0) AS comm_ns,
-       coalesce(sum(dur_ns) FILTER (WHERE n_comm > 0 AND n_compute > 0), 0) AS overlapped_ns,
-       coalesce(sum(dur_ns) FILTER (WHERE label = 'comm'), 0) AS exposed_ns,
-       coalesce(sum(dur_ns) FILTER (WHERE n_compute > 0), 0) AS compute_ns,
-       100.0 * coalesce(sum(dur_ns) FILTER (WHERE n_comm > 0 AND n_compute > 0), 0)
-             / nullif(sum(dur_ns) FILTER (WHERE n_comm > 0), 0) AS overlap_pct,
-       100.0 * coalesce(sum(dur_ns) FILTER (WHERE label = 'comm'), 0) / nullif(max(hi_ns) - min(lo_ns), 0) AS exposed_pct_of_step
-FROM activity_segments GROUP BY ALL;
+SELECT run, rank, step, comm_ns, coalesce(overlapped_ns, 0) AS overlapped_ns, coalesce(exposed_ns, 0) AS exposed_ns,
+       coalesce(compute_ns, 0) AS compute_ns,
+       100.0 * coalesce(overlapped_ns, 0) / nullif(comm_ns, 0) AS overlap_pct,
+       100.0 * coalesce(exposed_ns, 0) / nullif(hi_ns - lo_ns, 0) AS exposed_pct_of_step
+FROM _activity_steps;
 
 -- Per rank over its whole window(s) (what HTA reports per rank): one sweep over all steps, so that
 -- communication of one step overlapped by compute of the next counts as overlapped.

@@ -31,7 +31,7 @@
 CREATE OR REPLACE TEMP VIEW _imbalance_peers AS
 WITH ranks AS (
     SELECT a.run, a.rank, coalesce('stage ' || any_value(ps.stage), 'all') AS peers
-    FROM (SELECT DISTINCT run, rank FROM activity_segments) a
+    FROM (SELECT DISTINCT run, rank FROM _activity_steps) a
     LEFT JOIN pipeline_stages ps ON ps.run = a.run AND ps.rank = a.rank
     GROUP BY a.run, a.rank
 )
@@ -41,8 +41,7 @@ SELECT *, count(*) OVER (PARTITION BY run, peers) AS n_ranks FROM ranks;
 -- over the steps), at most same_work_top_ops of them. Columns: run, name.
 CREATE OR REPLACE TEMP VIEW _work_ops AS
 WITH per_step AS (
-    SELECT run, step, name, sum(hi_ns - lo_ns) AS ns
-    FROM activity_intervals WHERE category = 'compute' AND step IS NOT NULL GROUP BY ALL
+    SELECT run, step, name, sum(ns) AS ns FROM _activity_ops WHERE category = 'compute' GROUP BY ALL
 )
 SELECT run, name FROM per_step GROUP BY run, name
 QUALIFY row_number() OVER (PARTITION BY run ORDER BY median(ns) DESC, name) <= getvariable('same_work_top_ops');
@@ -54,7 +53,7 @@ QUALIFY row_number() OVER (PARTITION BY run ORDER BY median(ns) DESC, name) <= g
 CREATE OR REPLACE TEMP VIEW _same_work AS
 WITH common_steps AS (  -- the steps every rank of a group recorded
     SELECT p.run, p.peers, s.step
-    FROM _imbalance_peers p JOIN (SELECT DISTINCT run, rank, step FROM activity_segments WHERE step IS NOT NULL) s
+    FROM _imbalance_peers p JOIN (SELECT DISTINCT run, rank, step FROM _activity_steps WHERE step IS NOT NULL) s
          USING (run, rank)
     GROUP BY p.run, p.peers, s.step HAVING count(DISTINCT p.rank) = any_value(p.n_ranks)
 ),
