@@ -1,22 +1,23 @@
-"""Issue 17: exposed_comm ranks each rank's exposed_top largest exposed intervals (overlap.sql's
-``_exposed_top``, computed in the map) instead of every exposed interval of the run (the ranking
-``exposed_intervals`` makes, now in exposed.sql and bound only when asked for). Same rows, to the bit,
-as the SQL it replaced, on random intervals: sizes tied across ranks, several runs, ranks, windows,
-NULL steps, exposed_top from 1 to more than a rank has; and ``exposed_intervals`` is still every one.
+"""Issue 17: exposed_comm ranks each rank's exposed_top largest exposed intervals, attributed in the
+map (overlap.sql's ``_exposed_top``), instead of ranking every exposed interval of the run (the
+ranking ``exposed_intervals`` makes, now in exposed.sql and bound only when asked for) and
+attributing the top ones in the reduce. Same rows, to the bit, as the SQL it replaced
+(tests/reference/exposed_comm.sql), on random intervals: sizes tied across ranks, several runs,
+ranks, windows, NULL steps, exposed_top from 1 to more than a rank has; and ``exposed_intervals`` is
+still every one.
 """
 from __future__ import annotations
 
 import random
+from pathlib import Path
 
 import duckdb
 import pytest
 
 from traceanalyzer.analyses import modules as M
 
-#: exposed_comm's intervals before issue 17's change: every exposed interval of the run ranked
-OLD_INTERVALS = """WITH intervals AS (
-    SELECT * FROM exposed_intervals WHERE rank_order <= getvariable('exposed_top')
-),"""
+#: exposed_comm before issue 17's changes (view _ref_exposed_comm)
+REFERENCE = Path(__file__).resolve().parent / "reference" / "exposed_comm.sql"
 
 
 def _statement(con, module: str, view: str) -> str:
@@ -65,9 +66,7 @@ def test_exposed_comm_same_rows_as_ranking_every_interval(seed):
     for statement in ("_exposed_top", "exposed_comm"):
         con.execute(M._AS_TABLE_RE.sub(r"CREATE OR REPLACE TEMP VIEW \1 AS", _statement(con, "overlap", statement)))
     con.execute(_statement(con, "exposed", "exposed_intervals"))
-    new = _statement(con, "overlap", "exposed_comm")
-    start, end = new.index("WITH intervals AS ("), new.index("covering AS (")
-    con.execute(new[:start].replace("exposed_comm", "old_exposed_comm") + OLD_INTERVALS + "\n" + new[end:])
+    con.execute(REFERENCE.read_text())
     n_islands = con.execute("SELECT count(*) FROM _exposed_islands").fetchone()[0]
     assert con.execute("SELECT count(*) FROM exposed_intervals").fetchone()[0] == n_islands  # every one
     for top in (1, 3, 100):
@@ -76,7 +75,7 @@ def test_exposed_comm_same_rows_as_ranking_every_interval(seed):
         assert rows == min(top, con.execute("SELECT count(*) FROM _exposed_islands WHERE run = 'a'").fetchone()[0]) \
             + min(top, con.execute("SELECT count(*) FROM _exposed_islands WHERE run = 'b'").fetchone()[0])
         diff = sum(con.execute(f"SELECT count(*) FROM (SELECT * FROM {x} EXCEPT ALL SELECT * FROM {y})").fetchone()[0]
-                   for x, y in (("exposed_comm", "old_exposed_comm"), ("old_exposed_comm", "exposed_comm")))
+                   for x, y in (("exposed_comm", "_ref_exposed_comm"), ("_ref_exposed_comm", "exposed_comm")))
         assert diff == 0, (seed, top)
         # a rank keeps at most exposed_top candidates: the reduce reads that many a rank, not every interval
         most = con.execute("SELECT max(n) FROM (SELECT count(*) AS n FROM _exposed_top GROUP BY run, rank)").fetchone()[0]

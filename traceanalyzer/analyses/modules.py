@@ -197,6 +197,20 @@ def provide(con, view: str, select: str) -> None:
     con.execute("INSERT INTO _ta_provided VALUES (?, ?)", [view, _variables(con)])
 
 
+def select_of(view: str) -> str:
+    """The SELECT that defines ``view`` in its module (the statement after ``... VIEW view AS``)."""
+    import duckdb
+    con = duckdb.connect()
+    try:
+        for statement in con.extract_statements(modules()[owner()[view]].text):
+            m = _AS_TABLE_RE.search(statement.query)
+            if m and m.group(1) == view and _VIEW_RE.match(statement.query):
+                return statement.query[m.end():].strip().rstrip(";")
+    finally:
+        con.close()
+    raise KeyError(view)
+
+
 def provided(con) -> set[str]:
     """The views :func:`provide` put in ``con`` (for its current variables)."""
     now = _variables(con)

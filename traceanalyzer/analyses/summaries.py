@@ -55,6 +55,12 @@ FOLDER = "_summaries"
 #: cap); spilling costs up to ~20 % more CPU at 1,024 ranks (benchmarks/RESULTS.md). A setting of
 #: that connection's own database, never process-global; 0: no cap (DuckDB's default, 80 % of RAM).
 REDUCE_MEMORY_BYTES = 256 << 20
+#: public rank views the map does not save: ``activity_intervals`` has a row per operation and no view
+#: of the reduce reads it (they read its sums per step and per op, ``_activity_steps`` and
+#: ``_activity_ops``); writing it cost ~4 % of analyze at 2,048 op-timeline ranks. A query of it after
+#: analyze computes it from the events (:func:`attach` leaves it a view over them). A view the reduce
+#: reads is saved anyway.
+NOT_SAVED = ("activity_intervals",)
 #: canonical tables and views of a store connection (what a view may read besides other views)
 _IDENT_RE = re.compile(r"\b([A-Za-z_]\w*)\b")
 
@@ -92,14 +98,15 @@ def names_read(view: str) -> set[str]:
 
 def saved_views() -> list[str]:
     """The rank views a map task saves: public ones (no leading '_') and those a view of another
-    scope reads; private views only other rank views read stay in the task."""
+    scope reads; private views only other rank views read stay in the task, as do the public views
+    of :data:`NOT_SAVED`."""
     rank = M.scoped("rank")
     scope = {v: sc for m in M.modules().values() for v, sc in m.scopes}
     readers: dict[str, set[str]] = {}
     for view, deps in reads().items():
         for dep in deps:
             readers.setdefault(dep, set()).add(view)
-    return [v for v in rank if not v.startswith("_")
+    return [v for v in rank if (not v.startswith("_") and v not in NOT_SAVED)
             or any(scope.get(r) != "rank" for r in readers.get(v, ()) if r in M.owner())]
 
 
@@ -369,6 +376,8 @@ def attach(con, store, runs: list[str], params: dict) -> list[str]:
     for view in views:
         paths = [where(f) for r in runs for f in saved[r]["files"].get(view, [])]
         M.provide(con, view, select(paths, saved[runs[0]]["types"][view]))
+    for view in NOT_SAVED:  # left as a view over the events: computed only when queried
+        M.provide(con, view, M.select_of(view))
     return views
 
 
