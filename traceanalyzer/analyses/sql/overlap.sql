@@ -44,61 +44,63 @@ seg AS (SELECT * FROM _interval_islands(comm))  -- consecutive segments joined (
 SELECT run, rank, window_id, step, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns, sum(dur_ns) AS exposed_ns
 FROM seg GROUP BY run, rank, window_id, step, island;
 
--- The largest exposed intervals of each rank, exposed_top of them (per rank, largest first),
--- attributed: the collective that covers most of each (its op, group, sequence number, bytes, name),
--- and the compute just before and after it. The run's largest (exposed_comm) are among them, since an
--- interval of the run's top exposed_top has fewer than exposed_top larger ones on its own rank. So the
--- reduce ranks exposed_top rows a rank, never every exposed interval of the run (exposed_intervals,
--- exposed.sql, lists them all when asked), and attribution, a range join with the rank's intervals, is
--- done here, in the map, for these few intervals of each rank (the reduce read every rank's intervals).
+-- The largest exposed intervals of a map task's ranks, exposed_top of them (largest first, in
+-- exposed_intervals' order), attributed: the collective that covers most of each (its op, group,
+-- sequence number, bytes, name), and the compute just before and after it. The run's largest
+-- (exposed_comm) are among the union of every task's, since an interval of the run's top exposed_top
+-- has fewer than exposed_top larger ones among the ranks of its own task. So the reduce ranks
+-- exposed_top rows a task, never every exposed interval of the run (exposed_intervals, exposed.sql,
+-- lists them all when asked), and attribution, a range join with the ranks' intervals, is done here
+-- for those few (the reduce read every rank's intervals for it; in the map, for each rank's largest,
+-- it cost 3x the view). Which rows a task keeps depends on its ranks; the union's top does not.
 -- Columns: run, rank, window_id, step, lo_ns, hi_ns, exposed_ns, op, pg, seq, bytes, comm_name,
 -- compute_before, compute_after.
 -- scope: rank
 CREATE OR REPLACE TEMP VIEW _exposed_top AS
 WITH top AS (
-    SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY run, rank ORDER BY exposed_ns DESC, lo_ns, window_id, step) AS k
+    SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY run ORDER BY exposed_ns DESC, rank, lo_ns, window_id, step) AS k
                    FROM _exposed_islands)
     WHERE k <= getvariable('exposed_top')
 ),
 covering AS (
-    SELECT i.run, i.rank, i.k,
+    SELECT i.run, i.k,
            -- the interval covering most; a tie: the earliest, then by name (one row for both columns)
            first(a.comm_id ORDER BY least(a.hi_ns, i.hi_ns) - greatest(a.lo_ns, i.lo_ns) DESC, a.lo_ns, a.name, a.comm_id) AS comm_id,
            first(a.name ORDER BY least(a.hi_ns, i.hi_ns) - greatest(a.lo_ns, i.lo_ns) DESC, a.lo_ns, a.name, a.comm_id) AS comm_name
     FROM top i JOIN activity_intervals a
       ON a.run = i.run AND a.rank = i.rank AND a.window_id = i.window_id AND a.category = 'comm'
      AND a.lo_ns < i.hi_ns AND a.hi_ns > i.lo_ns
-    GROUP BY i.run, i.rank, i.k
+    GROUP BY i.run, i.k
 ),
 before AS (
-    SELECT i.run, i.rank, i.k, arg_max(a.name, (a.hi_ns, a.name)) AS compute_before
+    SELECT i.run, i.k, arg_max(a.name, (a.hi_ns, a.name)) AS compute_before
     FROM top i JOIN activity_intervals a
       ON a.run = i.run AND a.rank = i.rank AND a.window_id = i.window_id AND a.category = 'compute'
      AND a.hi_ns <= i.lo_ns AND a.hi_ns > i.lo_ns - getvariable('exposed_context_max_ns')
-    GROUP BY i.run, i.rank, i.k
+    GROUP BY i.run, i.k
 ),
 after AS (
-    SELECT i.run, i.rank, i.k, arg_min(a.name, (a.lo_ns, a.name)) AS compute_after
+    SELECT i.run, i.k, arg_min(a.name, (a.lo_ns, a.name)) AS compute_after
     FROM top i JOIN activity_intervals a
       ON a.run = i.run AND a.rank = i.rank AND a.window_id = i.window_id AND a.category = 'compute'
      AND a.lo_ns >= i.hi_ns AND a.lo_ns < i.hi_ns + getvariable('exposed_context_max_ns')
-    GROUP BY i.run, i.rank, i.k
+    GROUP BY i.run, i.k
 )
 SELECT i.run, i.rank, i.window_id, i.step, i.lo_ns, i.hi_ns, i.exposed_ns,
        c.op, c.pg_name AS pg, c.seq, coalesce(c.in_bytes, c.out_bytes) AS bytes,
        coalesce(cv.comm_name, c.exec_name) AS comm_name, b.compute_before, f.compute_after
 FROM top i
-LEFT JOIN covering cv USING (run, rank, k)
+LEFT JOIN covering cv USING (run, k)
 LEFT JOIN comms c ON c.run = i.run AND c.rank = i.rank AND c.window_id = i.window_id AND c.comm_id = cv.comm_id
-LEFT JOIN before b USING (run, rank, k)
-LEFT JOIN after f USING (run, rank, k);
+LEFT JOIN before b USING (run, k)
+LEFT JOIN after f USING (run, k);
 
 -- The largest exposed intervals (exposed_top per run, default 20), attributed (_exposed_top): what a
 -- user would move or overlap. rank_order is exposed_intervals' (every larger one is a candidate too).
 -- Columns: run, rank, window_id, step, lo_ns, hi_ns, exposed_ns, op, pg, seq, bytes, comm_name,
 -- compute_before, compute_after, rank_order.
 CREATE OR REPLACE TEMP VIEW exposed_comm AS
-SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY run ORDER BY exposed_ns DESC, rank, lo_ns) AS rank_order
+SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY run ORDER BY exposed_ns DESC, rank, lo_ns, window_id, step) AS rank_order
                FROM _exposed_top)
 WHERE rank_order <= getvariable('exposed_top');
 
