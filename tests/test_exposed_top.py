@@ -91,7 +91,7 @@ def test_exposed_comm_same_rows_as_ranking_every_interval(seed, tasks):
     con.execute(REFERENCE.read_text())
     n_islands = con.execute("SELECT count(*) FROM _exposed_islands").fetchone()[0]
     assert con.execute("SELECT count(*) FROM exposed_intervals").fetchone()[0] == n_islands  # every one
-    for top in (1, 3, 100):
+    for top in (0, 1, 3, 100):
         con.execute(f"SET VARIABLE exposed_top = {top}")
         for kind in {k for (k,) in con.execute("SELECT table_type FROM information_schema.tables "
                                                 "WHERE table_name = '_exposed_top'").fetchall()}:

@@ -57,9 +57,13 @@ FROM seg GROUP BY run, rank, window_id, step, island;
 -- compute_before, compute_after.
 -- scope: rank
 CREATE OR REPLACE TEMP VIEW _exposed_top AS
-WITH top AS (
+WITH threshold AS (  -- the exposed_top-th largest size of each run: only intervals at least as large are sorted
+    -- (a sort of every interval of the task cost 0.97 of the view's 1.1 CPU s, 158 op-timeline ranks)
+    SELECT run, list_min(max(exposed_ns, greatest(getvariable('exposed_top'), 1))) AS exposed_ns FROM _exposed_islands GROUP BY run
+),
+top AS (
     SELECT * FROM (SELECT *, row_number() OVER (PARTITION BY run ORDER BY exposed_ns DESC, rank, lo_ns, window_id, step) AS k
-                   FROM _exposed_islands)
+                   FROM _exposed_islands i SEMI JOIN threshold t ON t.run = i.run AND i.exposed_ns >= t.exposed_ns)
     WHERE k <= getvariable('exposed_top')
 ),
 covering AS (
