@@ -178,8 +178,18 @@ def test_map_tasks_take_chunks_of_ranks(tmp_path_factory, monkeypatch):
     assert sm.rank_chunks(loc, manifest, "ddp_gloo_4rank_slow2") == [[0, 1, 2, 3]]
     assert sm.rank_chunks(loc, manifest, "ddp_gloo_4rank_slow2", n_workers=2) == [[0, 1], [2, 3]]
     together = analyze(store)
+    # the default plan: a run within one task's budget is mapped in this process (no pool to start)
+    assert sm.map_plan(loc, manifest, "ddp_gloo_4rank_slow2", None) == ([[0, 1, 2, 3]], 1)
+    assert sm.map_plan(loc, manifest, "ddp_gloo_4rank_slow2", 2) == ([[0, 1], [2, 3]], 2)
     monkeypatch.setattr(sm, "MAP_TASK_EVENTS_BYTES", 1)
     assert sm.rank_chunks(loc, manifest, "ddp_gloo_4rank_slow2") == [[0], [1], [2], [3]]
+    # ... a larger one on a pool of one process per CPU, at most one per task
+    monkeypatch.setattr(sm.os, "cpu_count", lambda: 3)
+    assert sm.map_plan(loc, manifest, "ddp_gloo_4rank_slow2", None) == ([[0], [1], [2], [3]], 3)
+    monkeypatch.setattr(sm.os, "cpu_count", lambda: 8)
+    assert sm.map_plan(loc, manifest, "ddp_gloo_4rank_slow2", None) == ([[0], [1], [2], [3]], 4)
+    monkeypatch.undo()
+    monkeypatch.setattr(sm, "MAP_TASK_EVENTS_BYTES", 1)
     sm.forget(store)
     apart = analyze(store)
     assert any("rank=3" in str(p) for p in (store / sm.FOLDER).rglob("*.parquet"))

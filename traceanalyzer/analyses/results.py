@@ -120,11 +120,12 @@ def save(store: str | os.PathLike, results: dict[str, pd.DataFrame], params: dic
 
 
 def analyze(store: str | os.PathLike, run: str | None = None, only: list[str] | None = None,
-            save_results: bool = True, summaries: bool = True, dask=None, n_workers: int = 1,
+            save_results: bool = True, summaries: bool = True, dask=None, n_workers: int | None = None,
             **params) -> dict[str, pd.DataFrame]:
     """Run the analyses over ``store`` (all ranks), save them in it, and return them. With
     ``summaries`` (and a writable store) the rank-local views are computed rank by rank (on
-    ``dask`` / ``n_workers``, :mod:`traceanalyzer.ingest.executor`), saved, and read from there by
+    ``dask`` / ``n_workers``, :mod:`traceanalyzer.ingest.executor`; ``n_workers`` None: one process
+    per CPU for a run larger than one map task, :func:`.summaries.map_plan`), saved, and read from there by
     the cross-rank ones (:mod:`.summaries`); a second call reuses them."""
     from . import connect
     con = connect(store)

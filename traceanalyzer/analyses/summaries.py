@@ -215,6 +215,18 @@ def rank_chunks(loc, manifest, run: str, n_workers: int = 1) -> list[list[int]]:
     return chunks + ([cur] if cur else [])
 
 
+def map_plan(loc, manifest, run: str, n_workers: int | None) -> tuple[list[list[int]], int | None]:
+    """The run's map tasks (:func:`rank_chunks`) and the local pool's processes for them. ``n_workers``
+    None: one per CPU when the run's events make more than one task (over MAP_TASK_EVENTS_BYTES), else
+    the map runs in this process (a pool's start costs more than a small run's map: no fixed cost on
+    small inputs); as ingest chooses its own."""
+    if n_workers is not None:
+        return rank_chunks(loc, manifest, run, n_workers), n_workers
+    chunks = rank_chunks(loc, manifest, run, 1)
+    workers = max(1, min(os.cpu_count() or 1, len(chunks)))
+    return (rank_chunks(loc, manifest, run, workers) if workers > 1 else chunks), workers
+
+
 def align_task(store: str, run: str, params: dict, out: str) -> dict:
     """Compute the run's ``align`` views; returns {view: (path, types)}. Runs in the driver and reads
     every rank's ``comms``: its memory is capped like the reduce's (:func:`limit_memory`)."""
@@ -266,9 +278,10 @@ def _whole(loc, entry: dict) -> bool:
     return not (isinstance(loc, Path) and any(file_problem(loc / f) for fs in entry["files"].values() for f in fs))
 
 
-def ensure(store, runs: list[str], params: dict, dask=None, n_workers: int = 1, progress=None) -> list[str]:
+def ensure(store, runs: list[str], params: dict, dask=None, n_workers: int | None = 1, progress=None) -> list[str]:
     """Compute and save the summaries of the runs among ``runs`` that have none current (align,
-    then the map on the executor); returns the runs computed now."""
+    then the map on the executor; ``n_workers`` None: :func:`map_plan` chooses); returns the runs
+    computed now."""
     from ..errors import TraceAnalyzerError
     from ..ingest.executor import open_executor
     loc = st.location(store)
@@ -285,10 +298,10 @@ def ensure(store, runs: list[str], params: dict, dask=None, n_workers: int = 1, 
             if progress:
                 progress(f"summaries of run {run}: {len(ranks_of(manifest, run))} ranks")
             align = align_task(where, run, params, str(staging / f"run-{run}"))
-            chunks = rank_chunks(loc, manifest, run, n_workers)
+            chunks, workers = map_plan(loc, manifest, run, n_workers)
             calls = [(where, run, c, params, align, str(staging / f"run-{run}"), views) for c in chunks]
             per_rank = {}
-            with open_executor(dask, n_workers=n_workers, n_tasks=len(calls)) as ex:
+            with open_executor(dask, n_workers=workers, n_tasks=len(calls)) as ex:
                 for i, result, failure in ex.map_unordered(map_task, calls,
                                                            [f"summary-{run}-{chunk_label(c)}" for c in chunks]):
                     if failure:

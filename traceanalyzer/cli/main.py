@@ -320,8 +320,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     s.add_argument("--no-save", action="store_true", help="do not save the results in the store")
     s.add_argument("--no-summaries", action="store_true",
                    help="compute every view over all ranks' events in one connection (no per-rank summaries)")
-    s.add_argument("--workers", type=int, default=1, metavar="N",
-                   help="per-rank summaries on a local pool of N processes (default 1: in this process)")
+    s.add_argument("--workers", type=int, default=None, metavar="N",
+                   help="per-rank summaries on a local pool of N processes (default: one per CPU when the run's "
+                        "events exceed one task's 16 MB, else in this process)")
     _cluster_options(s, "compute the per-rank summaries (one task per chunk of ranks)")
     s.set_defaults(func=_cmd_analyze)
 
