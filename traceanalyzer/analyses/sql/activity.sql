@@ -95,21 +95,24 @@ FROM running WHERE hi_ns IS NOT NULL AND hi_ns > lo_ns;
 -- scope: rank
 CREATE OR REPLACE TEMP VIEW activity_segments AS SELECT * FROM _activity_sweep('activity_intervals', true);
 
--- Per rank and step: its segments added up (one row per (run, rank, step) of activity_segments, step
--- NULL too): what the per-step views read (overlap.sql's overlap_steps; imbalance.sql and work.sql in
--- the reduce, which so read a few rows per rank and step, not every segment of the run).
--- Columns: run, rank, step, lo_ns, hi_ns (the first and last segment's ends), and the time with
--- communication active comm_ns, with communication and compute overlapped_ns, labelled comm
--- (exposed) exposed_ns, with compute active compute_ns; each NULL when there is none (a segment is
--- never empty: a sum of none is the only way to 0).
+-- Per rank, window and step: its segments added up (one row per (run, rank, window_id, step) of
+-- activity_segments, step NULL too): what the per-step views read (overlap.sql's overlap_steps,
+-- _activity_window_sums below; imbalance.sql and work.sql in the reduce, which so read a few rows per
+-- rank and step, not every segment of the run).
+-- Columns: run, rank, window_id, step, lo_ns, hi_ns (the first and last segment's ends), and the time
+-- with communication active comm_ns, with communication and compute overlapped_ns, and labelled
+-- compute_ns (compute active), exposed_ns (comm: exposed communication), memory_ns, idle_ns; each NULL
+-- when there is none (a segment is never empty: a sum of none is the only way to 0).
 -- scope: rank
 CREATE OR REPLACE TEMP VIEW _activity_steps AS
-SELECT run, rank, step, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns,
+SELECT run, rank, window_id, step, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns,
        sum(dur_ns) FILTER (WHERE n_comm > 0) AS comm_ns,
        sum(dur_ns) FILTER (WHERE n_comm > 0 AND n_compute > 0) AS overlapped_ns,
+       sum(dur_ns) FILTER (WHERE label = 'compute') AS compute_ns,
        sum(dur_ns) FILTER (WHERE label = 'comm') AS exposed_ns,
-       sum(dur_ns) FILTER (WHERE n_compute > 0) AS compute_ns
-FROM activity_segments GROUP BY run, rank, step;
+       sum(dur_ns) FILTER (WHERE label = 'memory') AS memory_ns,
+       sum(dur_ns) FILTER (WHERE label = 'idle') AS idle_ns
+FROM activity_segments GROUP BY run, rank, window_id, step;
 
 -- Per rank, step and operation: its time (the intervals of each name added up, steps only), made in
 -- the map so that the reduce's views of operations (imbalance.sql's imbalance_ops, work.sql's
@@ -122,13 +125,13 @@ FROM activity_intervals WHERE step IS NOT NULL GROUP BY ALL;
 
 -- Per rank and window, all steps together: what _activity_sweep(activity_intervals, false) gives,
 -- added up (what overlap_ranks and temporal_ranks read: the window's segments themselves, as many as
--- activity_segments, are never stored). The segments (CTE window_segments) without sweeping every
--- interval twice: the steps of a window fall into islands of overlapping time spans (a step's span:
--- its first to its last timestamp; spans that only touch are apart); islands are disjoint, so the
--- window's sweep is, island by island, the sweep of that island's intervals alone (the deltas of every
--- earlier step sum to zero), with idle segments between the islands. A one-step island's sweep is that
--- step's activity_segments; only islands of several overlapping steps (GPU work of step N under step
--- N+1's, an op timeline's steps that overlap by a nanosecond) are swept again.
+-- activity_segments, are never stored), without sweeping every interval twice: the steps of a window
+-- fall into islands of overlapping time spans (a step's span: its first to its last timestamp; spans
+-- that only touch are apart); islands are disjoint, so the window's sweep is, island by island, the
+-- sweep of that island's intervals alone (the deltas of every earlier step sum to zero), with idle
+-- segments between the islands. A one-step island's sweep is that step's activity_segments, whose
+-- sums _activity_steps holds; only islands of several overlapping steps (GPU work of step N under step
+-- N+1's, an op timeline's steps that overlap by a nanosecond) are swept again (CTE several_segments).
 -- Columns: run, rank, window_id, lo_ns, hi_ns (the first and last segment's ends), comm_ns (time with
 -- communication active), overlapped_ns (communication and compute active), and the time labelled
 -- compute_label_ns, comm_label_ns (exposed communication), memory_label_ns, idle_label_ns.
@@ -159,26 +162,26 @@ several AS (  -- the intervals of islands of several steps, the island in place 
       ON s.run = a.run AND s.rank = a.rank AND s.window_id = a.window_id AND s.step IS NOT DISTINCT FROM a.step
     WHERE s.n_steps > 1
 ),
-window_segments AS (
-    SELECT a.run, a.rank, a.window_id, CAST(NULL AS INTEGER) AS step, a.lo_ns, a.hi_ns, a.dur_ns, a.label,
-           a.n_compute, a.n_comm, a.n_memory
-    FROM activity_segments a SEMI JOIN steps s
+several_segments AS (SELECT * FROM _activity_sweep(several, true)),
+parts AS (  -- per window: its one-step islands' sums, its swept islands' segments, the idle between islands
+    SELECT a.run, a.rank, a.window_id, a.lo_ns, a.hi_ns, a.comm_ns, a.overlapped_ns, a.compute_ns, a.exposed_ns,
+           a.memory_ns, a.idle_ns
+    FROM _activity_steps a SEMI JOIN steps s
       ON s.run = a.run AND s.rank = a.rank AND s.window_id = a.window_id AND s.step IS NOT DISTINCT FROM a.step
      AND s.n_steps = 1
     UNION ALL
-    SELECT run, rank, window_id, CAST(NULL AS INTEGER), lo_ns, hi_ns, dur_ns, label, n_compute, n_comm, n_memory
-    FROM _activity_sweep(several, true)
+    SELECT run, rank, window_id, lo_ns, hi_ns, CASE WHEN n_comm > 0 THEN dur_ns END,
+           CASE WHEN n_comm > 0 AND n_compute > 0 THEN dur_ns END, CASE WHEN label = 'compute' THEN dur_ns END,
+           CASE WHEN label = 'comm' THEN dur_ns END, CASE WHEN label = 'memory' THEN dur_ns END,
+           CASE WHEN label = 'idle' THEN dur_ns END
+    FROM several_segments
     UNION ALL  -- between islands: nothing active
-    SELECT run, rank, window_id, CAST(NULL AS INTEGER), prev_t1, t0, t0 - prev_t1, 'idle',
-           CAST(0 AS HUGEINT), CAST(0 AS HUGEINT), CAST(0 AS HUGEINT)
+    SELECT run, rank, window_id, prev_t1, t0, NULL, NULL, NULL, NULL, NULL, t0 - prev_t1
     FROM (SELECT *, lag(t1) OVER (PARTITION BY run, rank, window_id ORDER BY island) AS prev_t1 FROM islands)
     WHERE t0 > prev_t1
 )
 SELECT run, rank, window_id, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns,
-       coalesce(sum(dur_ns) FILTER (WHERE n_comm > 0), 0) AS comm_ns,
-       coalesce(sum(dur_ns) FILTER (WHERE n_comm > 0 AND n_compute > 0), 0) AS overlapped_ns,
-       coalesce(sum(dur_ns) FILTER (WHERE label = 'compute'), 0) AS compute_label_ns,
-       coalesce(sum(dur_ns) FILTER (WHERE label = 'comm'), 0) AS comm_label_ns,
-       coalesce(sum(dur_ns) FILTER (WHERE label = 'memory'), 0) AS memory_label_ns,
-       coalesce(sum(dur_ns) FILTER (WHERE label = 'idle'), 0) AS idle_label_ns
-FROM window_segments GROUP BY run, rank, window_id;
+       coalesce(sum(comm_ns), 0) AS comm_ns, coalesce(sum(overlapped_ns), 0) AS overlapped_ns,
+       coalesce(sum(compute_ns), 0) AS compute_label_ns, coalesce(sum(exposed_ns), 0) AS comm_label_ns,
+       coalesce(sum(memory_ns), 0) AS memory_label_ns, coalesce(sum(idle_ns), 0) AS idle_label_ns
+FROM parts GROUP BY run, rank, window_id;

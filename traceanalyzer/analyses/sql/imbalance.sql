@@ -25,7 +25,7 @@
 -- Columns: run, step, n_ranks, mean_ns, max_ns, min_ns, max_over_mean, cv, max_rank.
 CREATE OR REPLACE TEMP VIEW imbalance_steps AS
 WITH per_rank AS (
-    SELECT run, rank, step, compute_ns FROM _activity_steps
+    SELECT run, rank, step, sum(compute_ns) AS compute_ns FROM _activity_steps GROUP BY run, rank, step
 )
 SELECT run, step, count(*) AS n_ranks, avg(compute_ns) AS mean_ns, max(compute_ns) AS max_ns,
        min(compute_ns) AS min_ns, max(compute_ns) / nullif(avg(compute_ns), 0) AS max_over_mean,
@@ -45,8 +45,9 @@ FROM per_rank GROUP BY ALL;
 -- is_finding (above the thresholds and not the same work), rank_order (1 = most excess work).
 CREATE OR REPLACE TEMP VIEW imbalance_ranks AS
 WITH per_rank AS (
-    SELECT a.run, a.rank, a.step, p.peers, a.compute_ns
+    SELECT a.run, a.rank, a.step, any_value(p.peers) AS peers, sum(a.compute_ns) AS compute_ns
     FROM _activity_steps a JOIN _imbalance_peers p USING (run, rank)
+    GROUP BY a.run, a.rank, a.step
 ),
 peer_steps AS (
     SELECT run, peers, step, avg(compute_ns) AS mean_ns,

@@ -12,11 +12,11 @@
 -- exposed_pct_of_step (exposed / step span of the rank's activity).
 -- scope: rank
 CREATE OR REPLACE TEMP VIEW overlap_steps AS
-SELECT run, rank, step, comm_ns, coalesce(overlapped_ns, 0) AS overlapped_ns, coalesce(exposed_ns, 0) AS exposed_ns,
-       coalesce(compute_ns, 0) AS compute_ns,
-       100.0 * coalesce(overlapped_ns, 0) / nullif(comm_ns, 0) AS overlap_pct,
-       100.0 * coalesce(exposed_ns, 0) / nullif(hi_ns - lo_ns, 0) AS exposed_pct_of_step
-FROM _activity_steps;
+SELECT run, rank, step, sum(comm_ns) AS comm_ns, coalesce(sum(overlapped_ns), 0) AS overlapped_ns,
+       coalesce(sum(exposed_ns), 0) AS exposed_ns, coalesce(sum(compute_ns), 0) AS compute_ns,
+       100.0 * coalesce(sum(overlapped_ns), 0) / nullif(sum(comm_ns), 0) AS overlap_pct,
+       100.0 * coalesce(sum(exposed_ns), 0) / nullif(max(hi_ns) - min(lo_ns), 0) AS exposed_pct_of_step
+FROM _activity_steps GROUP BY run, rank, step;
 
 -- Per rank over its whole window(s) (what HTA reports per rank): one sweep over all steps, so that
 -- communication of one step overlapped by compute of the next counts as overlapped.
