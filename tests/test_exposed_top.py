@@ -1,10 +1,10 @@
-"""Issue 17: exposed_comm ranks each rank's exposed_top largest exposed intervals, attributed in the
-map (overlap.sql's ``_exposed_top``), instead of ranking every exposed interval of the run (the
+"""Issue 17: exposed_comm ranks each map task's exposed_top largest exposed intervals, attributed in
+the task (overlap.sql's ``_exposed_top``), instead of ranking every exposed interval of the run (the
 ranking ``exposed_intervals`` makes, now in exposed.sql and bound only when asked for) and
 attributing the top ones in the reduce. Same rows, to the bit, as the SQL it replaced
 (tests/reference/exposed_comm.sql), on random intervals: sizes tied across ranks, several runs,
-ranks, windows, NULL steps, exposed_top from 1 to more than a rank has; and ``exposed_intervals`` is
-still every one.
+ranks, windows, NULL steps, exposed_top from 0 to more than a run has, the ranks in one connection
+or split into tasks in several ways; and ``exposed_intervals`` is still every one.
 """
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The per-rank parts the map makes for the reduce (issue 18 part 4, issue 17): imbalance_ops and
 work.sql's _work_ops from the saved ``_activity_ops``, imbalance_steps and imbalance_ranks from the
 saved ``_activity_steps``, give, row for row, what the reduce's old SQL
-(tests/reference/reduce_parts.sql) gives over every rank's intervals and segments in one connection."""
+(tests/reference/reduce_parts.sql; for the last three, the view with its old first CTE) gives over every
+rank's intervals and segments in one connection."""
 from __future__ import annotations
 
 from conftest import ROOT, ingest_runs
@@ -10,6 +11,34 @@ from conftest import ROOT, ingest_runs
 RUNS = ("fsdp_gloo_2rank", "ddp_gloo_cuda_2rank_slow1")
 VIEWS = {"imbalance_ops": "_ref_imbalance_ops", "imbalance_steps": "_ref_imbalance_steps",
          "imbalance_ranks": "_ref_imbalance_ranks", "_work_ops": "_ref_work_ops"}
+#: the first CTE of these views before it read the map's sums (session 26; analyses/sql at 2b39893):
+#: every rank's segments or intervals. The reference view is the view with this CTE in place of its own.
+OLD_CTES = {
+    "imbalance_steps": """per_rank AS (
+    SELECT run, rank, step, sum(dur_ns) FILTER (WHERE n_compute > 0) AS compute_ns
+    FROM activity_segments GROUP BY ALL
+)""",
+    "imbalance_ranks": """per_rank AS (
+    SELECT a.run, a.rank, a.step, any_value(p.peers) AS peers,
+           sum(a.dur_ns) FILTER (WHERE a.n_compute > 0) AS compute_ns
+    FROM activity_segments a JOIN _imbalance_peers p USING (run, rank)
+    GROUP BY a.run, a.rank, a.step
+)""",
+    "_work_ops": """per_step AS (
+    SELECT run, step, name, sum(hi_ns - lo_ns) AS ns
+    FROM activity_intervals WHERE category = 'compute' AND step IS NOT NULL GROUP BY ALL
+)""",
+}
+
+
+def _with_old_cte(view: str) -> str:
+    """``view``'s SQL with its first CTE replaced by the old one."""
+    from traceanalyzer.analyses import modules as M
+    sql = M.select_of(view)
+    name = OLD_CTES[view].split(" AS (")[0]
+    start = sql.index(f"{name} AS (")
+    end = sql.index("\n)", start) + 2
+    return sql[:start] + OLD_CTES[view] + sql[end:]
 
 
 def _rows(con, view: str) -> list[tuple]:
@@ -44,6 +73,8 @@ def test_map_parts_give_the_old_reduce_results(tmp_path_factory, monkeypatch):
     M.bind(ref, M.modules_for(["activity_segments", "_same_work", "step_phases"]))
     for statement in ref.extract_statements((ROOT / "tests" / "reference" / "reduce_parts.sql").read_text()):
         ref.execute(statement)
+    for view in OLD_CTES:
+        ref.execute(f"CREATE TEMP VIEW {VIEWS[view]} AS {_with_old_cte(view)}")
     old = {v: _rows(ref, r) for v, r in VIEWS.items()}
     assert intervals == _rows(ref, "activity_intervals") and intervals
     ref.close()
