@@ -1,7 +1,7 @@
 -- Every exposed communication interval of a run, ranked (a building block users query: the
 -- exposed_intervals wrapper). Kept apart from overlap.sql so that an analyze does not rank every
 -- exposed interval of the run (a sort of the whole run's intervals in the reduce) only to keep the
--- exposed_top largest: exposed_comm ranks each rank's largest (overlap.sql's _exposed_top).
+-- exposed_top largest: exposed_comm ranks each map task's largest (overlap.sql's _exposed_top).
 --
 -- requires: overlap
 
