@@ -84,16 +84,7 @@ def reads() -> dict[str, set[str]]:
 
 def names_read(view: str) -> set[str]:
     """Every identifier view ``view``'s SQL names (to check what canonical tables it reads)."""
-    import duckdb
-    con = duckdb.connect()
-    try:
-        for statement in con.extract_statements(M.modules()[M.owner()[view]].text):
-            m = re.search(r"CREATE OR REPLACE TEMP (?:VIEW|TABLE)\s+(\w+)", statement.query)
-            if m and m.group(1) == view:
-                return set(_IDENT_RE.findall(re.sub(r"--[^\n]*", "", statement.query[m.end():])))
-    finally:
-        con.close()
-    raise KeyError(view)
+    return set(_IDENT_RE.findall(re.sub(r"--[^\n]*", "", M.select_of(view))))
 
 
 def saved_views() -> list[str]:
