@@ -113,7 +113,8 @@ CASES = [
 ]
 #: The pipeline and PP x DP faults again, busy-waiting (``NAME_spin``): a stage busy on its core, as a
 #: device busy computing, keeps the contention of 4-8 ranks on 2 cores that of the clean twin (a
-#: sleeping stage hands its core to its core-mate, which then computes faster than in the twin).
+#: sleeping stage hands its core to its core-mate, which then computes faster than in the twin); on 2 ranks
+#: (one a core) it shows what the sleep itself does to the recording (session 27: both stages slow down).
 SPIN_OF = ("pp_1f1b4_stage2", "pp_1f1b4_rank1", "pp_gpipe4_stage1", "pp_int4_stage5", "ppdp_2x2_w1", "ppdp_4x2_w4",
            "pp_1f1b2_rank1", "pp_gpipe2_stage0")
 CASES += [Case(c.name + "_spin", c.nproc, c.args + ["--slow-spin"], c.twin) for c in CASES if c.name in SPIN_OF]
