@@ -95,6 +95,18 @@ FROM running WHERE hi_ns IS NOT NULL AND hi_ns > lo_ns;
 -- scope: rank
 CREATE OR REPLACE TEMP VIEW activity_segments AS SELECT * FROM _activity_sweep('activity_intervals', true);
 
+-- Segments (an _activity_sweep's rows) added up per (run, rank, window_id, step): the columns of
+-- _activity_steps below.
+CREATE OR REPLACE TEMP MACRO _segment_sums(tbl) AS TABLE
+SELECT run, rank, window_id, step, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns,
+       sum(dur_ns) FILTER (WHERE n_comm > 0) AS comm_ns,
+       sum(dur_ns) FILTER (WHERE n_comm > 0 AND n_compute > 0) AS overlapped_ns,
+       sum(dur_ns) FILTER (WHERE label = 'compute') AS compute_ns,
+       sum(dur_ns) FILTER (WHERE label = 'comm') AS exposed_ns,
+       sum(dur_ns) FILTER (WHERE label = 'memory') AS memory_ns,
+       sum(dur_ns) FILTER (WHERE label = 'idle') AS idle_ns
+FROM query_table(tbl) GROUP BY run, rank, window_id, step;
+
 -- Per rank, window and step: its segments added up (one row per (run, rank, window_id, step) of
 -- activity_segments, step NULL too): what the per-step views read (overlap.sql's overlap_steps,
 -- _activity_window_sums below; imbalance.sql and work.sql in the reduce, which so read a few rows per
@@ -104,15 +116,7 @@ CREATE OR REPLACE TEMP VIEW activity_segments AS SELECT * FROM _activity_sweep('
 -- compute_ns (compute active), exposed_ns (comm: exposed communication), memory_ns, idle_ns; each NULL
 -- when there is none (a segment is never empty: a sum of none is the only way to 0).
 -- scope: rank
-CREATE OR REPLACE TEMP VIEW _activity_steps AS
-SELECT run, rank, window_id, step, min(lo_ns) AS lo_ns, max(hi_ns) AS hi_ns,
-       sum(dur_ns) FILTER (WHERE n_comm > 0) AS comm_ns,
-       sum(dur_ns) FILTER (WHERE n_comm > 0 AND n_compute > 0) AS overlapped_ns,
-       sum(dur_ns) FILTER (WHERE label = 'compute') AS compute_ns,
-       sum(dur_ns) FILTER (WHERE label = 'comm') AS exposed_ns,
-       sum(dur_ns) FILTER (WHERE label = 'memory') AS memory_ns,
-       sum(dur_ns) FILTER (WHERE label = 'idle') AS idle_ns
-FROM activity_segments GROUP BY run, rank, window_id, step;
+CREATE OR REPLACE TEMP VIEW _activity_steps AS SELECT * FROM _segment_sums('activity_segments');
 
 -- Per rank, step and operation: its time (the intervals of each name added up, steps only), made in
 -- the map so that the reduce's views of operations (imbalance.sql's imbalance_ops, work.sql's
@@ -131,7 +135,8 @@ FROM activity_intervals WHERE step IS NOT NULL GROUP BY ALL;
 -- sweep of that island's intervals alone (the deltas of every earlier step sum to zero), with idle
 -- segments between the islands. A one-step island's sweep is that step's activity_segments, whose
 -- sums _activity_steps holds; only islands of several overlapping steps (GPU work of step N under step
--- N+1's, an op timeline's steps that overlap by a nanosecond) are swept again (CTE several_segments).
+-- N+1's, an op timeline's steps that overlap by a nanosecond) are swept again (CTE several_segments) and
+-- added up the same way (_segment_sums).
 -- Columns: run, rank, window_id, lo_ns, hi_ns (the first and last segment's ends), comm_ns (time with
 -- communication active), overlapped_ns (communication and compute active), and the time labelled
 -- compute_label_ns, comm_label_ns (exposed communication), memory_label_ns, idle_label_ns.
@@ -163,18 +168,14 @@ several AS (  -- the intervals of islands of several steps, the island in place 
     WHERE s.n_steps > 1
 ),
 several_segments AS (SELECT * FROM _activity_sweep(several, true)),
-parts AS (  -- per window: its one-step islands' sums, its swept islands' segments, the idle between islands
+parts AS (  -- per window: its one-step islands' sums, its swept islands' sums, the idle between islands
     SELECT a.run, a.rank, a.window_id, a.lo_ns, a.hi_ns, a.comm_ns, a.overlapped_ns, a.compute_ns, a.exposed_ns,
            a.memory_ns, a.idle_ns
     FROM _activity_steps a SEMI JOIN steps s
       ON s.run = a.run AND s.rank = a.rank AND s.window_id = a.window_id AND s.step IS NOT DISTINCT FROM a.step
      AND s.n_steps = 1
     UNION ALL
-    SELECT run, rank, window_id, lo_ns, hi_ns, CASE WHEN n_comm > 0 THEN dur_ns END,
-           CASE WHEN n_comm > 0 AND n_compute > 0 THEN dur_ns END, CASE WHEN label = 'compute' THEN dur_ns END,
-           CASE WHEN label = 'comm' THEN dur_ns END, CASE WHEN label = 'memory' THEN dur_ns END,
-           CASE WHEN label = 'idle' THEN dur_ns END
-    FROM several_segments
+    SELECT * EXCLUDE (step) FROM _segment_sums(several_segments)
     UNION ALL  -- between islands: nothing active
     SELECT run, rank, window_id, prev_t1, t0, NULL, NULL, NULL, NULL, NULL, t0 - prev_t1
     FROM (SELECT *, lag(t1) OVER (PARTITION BY run, rank, window_id ORDER BY island) AS prev_t1 FROM islands)
