@@ -59,16 +59,26 @@ def bind_views(con, views) -> Any:
     return con
 
 
-def connect(store_or_con):
+def connect(store_or_con, run: str | None = None):
     """A DuckDB connection over a store: the canonical views (:func:`traceanalyzer.store.open_store`)
     plus ``nccl_comm_map`` / ``comms_nccl`` (NCCL communicators matched to process groups,
-    :mod:`.nccl_join`). An open connection is returned as it is."""
+    :mod:`.nccl_join`). With ``run``, over that run's files and saved results only (what one run
+    costs, whatever else the store holds); over the whole store when it has no such run (so that
+    :func:`traceanalyzer.store.runs.resolve_run` names the runs it has). An open connection is
+    returned as it is."""
     if hasattr(store_or_con, "execute"):
         return store_or_con
     from ..store import open_store
     from .nccl_join import register
-    con = open_store(store_or_con)
-    register(con)
+    con = open_store(store_or_con, select=None if run is None else (lambda t: t.get("run") == run))
+    try:
+        if run is not None and not con.execute("SELECT count(*) FROM ranks").fetchone()[0]:
+            con.close()
+            con = open_store(store_or_con)
+        register(con)
+    except BaseException:
+        con.close()
+        raise
     return con
 
 

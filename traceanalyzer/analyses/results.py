@@ -128,16 +128,13 @@ def analyze(store: str | os.PathLike, run: str | None = None, only: list[str] | 
     per CPU for a run larger than one map task, :func:`.summaries.map_plan`), saved, and read from there by
     the cross-rank ones (:mod:`.summaries`); a second call reuses them."""
     from . import connect
-    con = connect(store)
+    con = connect(store, run=run)   # with a run: its files only (the reduce reads no other run's)
     try:
         runs = [resolve_run(con, run, where=store)] if run is not None else store_runs(con)
         results = None
         if summaries and save_results and st.writable(st.location(store)):
             from . import summaries as sm
             sm.ensure(store, runs, effective_params(params), dask=dask, n_workers=n_workers)
-            if run is not None:  # the reduce reads that run's files, not every run's of the store
-                con.close()
-                con = sm.open_runs(store, runs)
             if sm.attach(con, store, runs, effective_params(params)):  # the reduce: memory capped, spills
                 sm.limit_memory(con, store)
                 results = sm.under_cap(con, lambda: compute(con, run=run, only=only, **params))

@@ -66,10 +66,11 @@ def missing_results(store: str | os.PathLike, runs: list[str]) -> dict[str, list
     return out
 
 
-def ensure_results(store: str | os.PathLike, runs: list[str], all_runs: list[str], progress=None,
+def ensure_results(store: str | os.PathLike, runs: list[str], all_runs: list[str] | None, progress=None,
                    dask=None) -> None:
-    """Run ``analyze`` for what is missing: once for the whole store when every run misses the same
-    tables (the SQL views cost about the same for one run as for all), else run by run."""
+    """Run ``analyze`` for what is missing: once for the whole store when every run of ``all_runs``
+    (the store's) misses the same tables (the SQL views cost about the same for one run as for
+    all), else run by run (``all_runs`` None: some runs were asked for)."""
     from ..analyses.results import analyze
     missing = missing_results(store, runs)
     if not missing:
@@ -77,7 +78,7 @@ def ensure_results(store: str | os.PathLike, runs: list[str], all_runs: list[str
     if progress:
         progress(f"analysing {', '.join(missing)} (results not saved in the store yet)")
     names = {tuple(v) for v in missing.values()}
-    if set(missing) == set(all_runs) and len(names) == 1:
+    if all_runs is not None and set(missing) == set(all_runs) and len(names) == 1:
         analyze(store, only=list(names.pop()), dask=dask)
     else:
         for run, only in missing.items():
@@ -152,10 +153,10 @@ def _over_saved(store, run: str, params: dict):
 def open_runs(store: str | os.PathLike, run: str | None, progress=None, dask=None):
     """Open ``store``, check ``run``, make sure its results are saved; returns (con, runs)."""
     from ..analyses import connect
-    con = connect(store)
+    con = connect(store, run=run)   # with a run: its files and results only
     try:
-        runs_all = select_runs(con, None, where=store)
         runs = select_runs(con, run, where=store)
+        runs_all = None if run is not None else runs
     except TraceAnalyzerError:
         con.close()
         raise
@@ -165,7 +166,7 @@ def open_runs(store: str | os.PathLike, run: str | None, progress=None, dask=Non
     if missing_results(store, runs):
         con.close()
         ensure_results(store, runs, runs_all, progress, dask=dask)
-        con = connect(store)  # the result views are created when the store is opened
+        con = connect(store, run=run)  # the result views are created when the store is opened
     return con, runs
 
 

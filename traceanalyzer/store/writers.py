@@ -24,6 +24,7 @@ from .files import (
     Manifest,
     _from_doc,
     collect_garbage,
+    collect_unlisted,
     locked,
     new_staging,
     owner_alive,
@@ -78,7 +79,7 @@ def update(store: Path | Remote, change, wait_s: float | None = None):
     ``change(manifest)`` edits the manifest read now, whose ``generation`` is already the new one;
     on a local store it runs under the lock (waiting up to ``wait_s``, default COMMIT_WAIT_S, for
     another writer) and may move files into place. The files the change unlists are retired
-    (:func:`retire`), not deleted, then garbage is collected. A remote store has no lock: a commit
+    (:func:`retire`), not deleted, then the garbage of this commit is collected (:func:`.files.collect_unlisted`). A remote store has no lock: a commit
     that finds its generation taken is done again on the newer manifest (UPDATE_TRIES times), so
     ``change`` must be safe to call again. Returns what the last ``change`` returned."""
     wait_s = COMMIT_WAIT_S if wait_s is None else wait_s
@@ -103,7 +104,7 @@ def update(store: Path | Remote, change, wait_s: float | None = None):
         out = change(manifest)
         retire(before, manifest)
         write_manifest(store, manifest)
-        collect_garbage(store, manifest)
+        collect_unlisted(store, before, manifest)   # what this commit unlisted; no walk of the store
         return out
 
 
