@@ -87,7 +87,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in (
     # -- the report --
     # same order as the analyses' 5-10 % thresholds for imbalance and stragglers
     # 100 %: its host's extra cost alone accounts for all of the phase it was slower in
-    _s("straggler_host_min_pct", 100.0, "a straggler that ran the same work as its peers (work.sql) and whose extra CPU time plus extra wait for a core per step (host_cpu.sql) is at least this % of its slower phase's excess is reported as a slow host, not as a straggler of the job; so is a slow stage whose extra wait for a core alone is this % of its excess", "report"),
+    _s("straggler_host_min_pct", 60.0, "a straggler that ran the same work as its peers (work.sql) and whose extra CPU time plus extra wait for a core per step that its host can have caused (host_cpu.sql: a lower bound) is at least this % of its slower phase's excess is reported as a slow host, not as a straggler of the job; so is a slow stage whose extra wait for a core alone is this % of its excess", "report"),
     _s("exposed_comm_min_pct", 5.0, "an exposed-communication finding needs at least this much recoverable time, in % of the median step", "report"),
     _s("exposed_evidence_top", 3, "exposed intervals listed as evidence of an exposed-communication finding", "report"),
     # one what-if costs two replays of the whole graph plus the plan: ~0.6 s for 13 M events on 2 cores

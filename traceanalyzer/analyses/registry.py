@@ -359,7 +359,11 @@ _sql("host_cpu", "host_cpu_ranks", "run, rank", "Per rank: how long its training
     ("contended", BOOL, "", "wait_pct >= host_cpu_wait_min_pct"),
     ("run_ns_per_step", F64, _NS, "median CPU time of the training thread (what its work cost on its core)"),
     ("peers_run_ns_per_step", F64, _NS, "median over the run's other ranks of their run_ns_per_step (NULL: no peer)"),
-    ("peers_proc_wait_ns_per_step", F64, _NS, "median over the run's other ranks of their proc_wait_ns_per_step (NULL: no peer)")])
+    ("peers_proc_wait_ns_per_step", F64, _NS, "median over the run's other ranks of their proc_wait_ns_per_step (NULL: no peer)"),
+    ("host_wait_ns_per_step", F64, _NS, "median wait of the training thread its host can have caused: beyond its other threads' CPU time, at most its cores' unused time"),
+    ("host_proc_wait_ns_per_step", F64, _NS, "median wait of the process, at most its cores' unused time"),
+    ("peers_host_wait_ns_per_step", F64, _NS, "median over the run's other ranks of their host_wait_ns_per_step (NULL: no peer)"),
+    ("peers_host_proc_wait_ns_per_step", F64, _NS, "median over the run's other ranks of their host_proc_wait_ns_per_step (NULL: no peer)")])
 _py("critical_path", _critical_path, "Cross-rank critical path of each step, one row per hop (latest first).", [
     ("run", STR, "", "run name"), ("step", I32, "", "ProfilerStep"), ("hop", I64, "", "0 = the hop that ends the step"),
     ("rank", I32, "", "rank whose own time this is"), ("lo_ns", I64, _NS, "hop start (aligned clock: + clock_offsets.offset_ns)"), ("hi_ns", I64, _NS, "hop end"),

@@ -442,7 +442,8 @@ def _slow_hosts(data: RunData, found: list[Finding]) -> None:
 
     * a straggler that ran the same operations on the same input shapes as its peers (work.sql)
       and whose extra CPU time plus extra wait for a core per step (host_cpu.sql: its training
-      thread's CPU time, and the larger of its training thread's and its whole process's wait,
+      thread's CPU time, and the larger of its training thread's and its whole process's wait that
+      its host can have caused -- not its threads' wait behind each other, a lower bound --
       beyond its peers' medians) covers at least ``straggler_host_min_pct`` of the phase it was
       slower in;
     * a straggler no phase of its own shows slower than its peers by ``straggler_min_excess_pct``
@@ -476,10 +477,11 @@ def _slow_hosts(data: RunData, found: list[Finding]) -> None:
             continue
         h = hosts.loc[f.rank]
         extra_run = h["run_ns_per_step"] - h["peers_run_ns_per_step"]
-        extra_wait = h["wait_ns_per_step"] - h["peers_wait_ns_per_step"]
+        # the waits its host can have caused (host_cpu.sql: not its threads' wait behind each other)
+        extra_wait = h.get("host_wait_ns_per_step", np.nan) - h.get("peers_host_wait_ns_per_step", np.nan)
         # its other threads' wait counts too (gloo's runloop threads run its collectives, OpenMP its
         # kernels: while they wait for a core the training thread sits idle, neither running nor waiting)
-        extra_proc = h.get("proc_wait_ns_per_step", np.nan) - h.get("peers_proc_wait_ns_per_step", np.nan)
+        extra_proc = h.get("host_proc_wait_ns_per_step", np.nan) - h.get("peers_host_proc_wait_ns_per_step", np.nan)
         if pd.notna(extra_wait) and pd.notna(extra_proc):
             extra_wait = max(extra_wait, extra_proc)
         own_cpu = 0.0   # CPU its training thread spent beyond its peers' outside its operations

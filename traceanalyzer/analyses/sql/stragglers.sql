@@ -20,8 +20,8 @@
 --   straggler_min_delay_ns   ... and at least this many ns per step (default 1e6 = 1 ms)
 --   straggler_min_excess_pct ... and was slower on its own: its median excess over its peers in
 --                            one phase is at least this % of the median step time, or its threads
---                            waited that much longer for a CPU core per step than its peers' did
---                            (host_cpu.sql: a rank on a shared core runs its collectives late on its
+--                            waited that much longer for a CPU core per step than its peers' did,
+--                            behind other processes (host_cpu.sql: a rank on a shared core runs its collectives late on its
 --                            gloo threads, time no phase of its own shows; a rank that only waited
 --                            for a peer slept, it did not wait for a core) (default 10)
 --   straggler_persistent_pct flagged in at least this % of steps -> 'persistent', else 'sporadic'
@@ -229,11 +229,12 @@ where_named AS (  -- per rank and phase: the range with the largest median exces
     WHERE excess > 0
     GROUP BY ALL
 ),
-host AS (  -- its threads' extra wait for a core per step, the larger of its training thread's and its
-           -- whole process's (greatest skips a NULL one; host_cpu_ranks has no rows without the
-           -- collector's samples: unknown, not 0)
-    SELECT run, rank, greatest(wait_ns_per_step - peers_wait_ns_per_step,
-                               proc_wait_ns_per_step - peers_proc_wait_ns_per_step) AS wait_excess_ns
+host AS (  -- its threads' extra wait for a core per step that its host can have caused (not their
+           -- wait behind each other), the larger of its training thread's and its whole process's
+           -- (greatest skips a NULL one; host_cpu_ranks has no rows without the collector's
+           -- samples: unknown, not 0)
+    SELECT run, rank, greatest(host_wait_ns_per_step - peers_host_wait_ns_per_step,
+                               host_proc_wait_ns_per_step - peers_host_proc_wait_ns_per_step) AS wait_excess_ns
     FROM host_cpu_ranks
 )
 SELECT p.run, p.rank, p.delay_ns_per_step, p.delay_pct, p.imposed_wait_ns_per_step, p.steps, p.steps_flagged,
