@@ -20,8 +20,9 @@ from conftest import ingest_runs
 import traceanalyzer as ta
 from traceanalyzer import replay, report
 from traceanalyzer.report import whatif
-from traceanalyzer.report.findings import Finding, rank_findings
+from traceanalyzer.report.findings import rank_findings
 from traceanalyzer.report.load import load_run, open_runs
+from traceanalyzer.report.record import Finding
 
 RUNS = ["ddp_gloo_2rank_big_b25", "ddp_gloo_2rank_big_b4", "pp_gpipe_4rank", "ddp_gloo_4rank_slow2",
         "ddp_gloo_2rank", "ddp_gloo_2rank_imb1"]

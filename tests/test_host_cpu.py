@@ -167,7 +167,8 @@ def test_slow_host_counts_the_wait_of_the_rank_s_other_threads():
     the process's wait (a manifest from before it was kept) the rule is the training thread's alone."""
     import pandas as pd
 
-    from traceanalyzer.report.findings import Finding, _slow_hosts
+    from traceanalyzer.report.hosts import slow_hosts
+    from traceanalyzer.report.record import Finding
     host = pd.DataFrame({"rank": [0, 1], "run_ns_per_step": [8.38e6, 6.53e6], "peers_run_ns_per_step": [6.53e6, 8.38e6],
                          "host_wait_ns_per_step": [5.75e6, 4.75e6], "peers_host_wait_ns_per_step": [4.75e6, 5.75e6],
                          "host_proc_wait_ns_per_step": [21.96e6, 14.25e6], "peers_host_proc_wait_ns_per_step": [14.25e6, 21.96e6]})
@@ -184,7 +185,7 @@ def test_slow_host_counts_the_wait_of_the_rank_s_other_threads():
         tables["host_cpu"] = host if proc else host.drop(columns=["host_proc_wait_ns_per_step", "peers_host_proc_wait_ns_per_step"])
         f = Finding(kind="straggler", title="Straggler: rank 0", recoverable_ns_per_step=2.8e6, recoverable_pct=14.0,
                     summary="", rank=0)
-        _slow_hosts(Data(), [f])
+        slow_hosts(Data(), [f])
         assert f.kind == kind, proc
         if proc:   # (1.85 + 7.71) / 6.6
             assert "+7.71 ms" in f.evidence[0] and "cover 145%" in f.evidence[0], f.evidence
@@ -197,7 +198,8 @@ def test_a_slow_stage_its_wait_for_a_core_explains_is_a_slow_host():
     rank waited no longer than its peers (a sleep: a sleeping rank gives its core away) stays one."""
     import pandas as pd
 
-    from traceanalyzer.report.findings import Finding, _slow_hosts
+    from traceanalyzer.report.hosts import slow_hosts
+    from traceanalyzer.report.record import Finding
     host = pd.DataFrame({"rank": [1, 3], "run_ns_per_step": [3.9e6, 6.24e6], "peers_run_ns_per_step": [3.9e6, 3.89e6],
                          "host_wait_ns_per_step": [0.6e6, 6.91e6], "peers_host_wait_ns_per_step": [0.63e6, 0.63e6]})
     tables = {"host_cpu": host, "imbalance": pd.DataFrame(), "stragglers": pd.DataFrame()}
@@ -212,7 +214,7 @@ def test_a_slow_stage_its_wait_for_a_core_explains_is_a_slow_host():
                      recoverable_pct=12.8, summary="", rank=3, stage=1),
              Finding(kind="slow_stage", title="Slow pipeline stage: stage 1 (rank 1)", recoverable_ns_per_step=2.13e6,
                      recoverable_pct=12.8, summary="", rank=1, stage=1)]
-    _slow_hosts(Data(), found)
+    slow_hosts(Data(), found)
     assert [f.kind for f in found] == ["slow_host", "slow_stage"]
     assert "extra wait for a core (+6.28 ms)" in found[0].evidence[0] and "as pipeline stage 1" in found[0].evidence[0]
 
@@ -254,7 +256,8 @@ def test_a_straggler_found_by_its_wait_for_a_core_is_a_slow_host_whatever_its_wo
     slow on its own: a slow host, never a straggler of the job (a false finding on a clean run)."""
     import pandas as pd
 
-    from traceanalyzer.report.findings import Finding, _slow_hosts
+    from traceanalyzer.report.hosts import slow_hosts
+    from traceanalyzer.report.record import Finding
     host = pd.DataFrame({"rank": [0, 1], "run_ns_per_step": [12.54e6, 15.01e6], "peers_run_ns_per_step": [15.01e6, 12.54e6],
                          "host_wait_ns_per_step": [0.53e6, 1.29e6], "peers_host_wait_ns_per_step": [1.29e6, 0.53e6],
                          "host_proc_wait_ns_per_step": [3.65e6, 6.82e6], "peers_host_proc_wait_ns_per_step": [6.82e6, 3.65e6]})
@@ -270,7 +273,7 @@ def test_a_straggler_found_by_its_wait_for_a_core_is_a_slow_host_whatever_its_wo
 
     f = Finding(kind="straggler", title="Straggler: rank 1", recoverable_ns_per_step=3.11e6, recoverable_pct=15.7,
                 summary="", rank=1)
-    _slow_hosts(Data(), [f])
+    slow_hosts(Data(), [f])
     assert f.kind == "slow_host"
     assert "extra wait for a core (+3.17 ms)" in f.evidence[0] and "no phase of its own 10%" in f.evidence[0]
     # the same rank with a phase of its own 10 % of the step slower (a sleep): its work differs, stays
@@ -278,7 +281,7 @@ def test_a_straggler_found_by_its_wait_for_a_core_is_a_slow_host_whatever_its_wo
     tables["stragglers"]["phase_excess_pct"] = 12.6     # of its 19.9 ms step
     f = Finding(kind="straggler", title="Straggler: rank 1", recoverable_ns_per_step=3.11e6, recoverable_pct=15.7,
                 summary="", rank=1)
-    _slow_hosts(Data(), [f])
+    slow_hosts(Data(), [f])
     assert f.kind == "straggler"
 
 

@@ -139,7 +139,7 @@ def _cmd_schema(args) -> int:
 
 def _cmd_report(args) -> int:
     from .. import report as rp
-    from ..report.findings import ms
+    from ..report.record import ms
     rules = rp.parse_fail_on(args.fail_on or [])  # bad rules fail before any work
     fmt = rp.format_for(args.output or "", args.format)
     out = args.output or f"report.{fmt}"

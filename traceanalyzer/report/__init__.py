@@ -16,11 +16,12 @@ from pathlib import Path
 
 from ..errors import TraceAnalyzerError
 from .build import REPORT_VERSION, Report, RunReport, build_report, render_pending
-from .findings import EXPOSED_COMM_MIN_PCT, Finding
+from .findings import EXPOSED_COMM_MIN_PCT
 from .html import render_html
 from .jsondoc import report_dict, to_json
 from .markdown import render_markdown
 from .metrics import METRICS, Threshold, check, parse_fail_on
+from .record import Finding
 
 FORMATS = ("html", "md", "json", "pdf")
 _EXTENSIONS = {"html": "html", "htm": "html", "md": "md", "markdown": "md", "json": "json", "pdf": "pdf"}

@@ -15,10 +15,11 @@ from .. import __version__
 from .. import schema as S
 from .caveats import shared_host_caveat
 from .figures import Figure, plan_figures, render_figures
-from .findings import Finding, median_step_ns, rank_findings
+from .findings import median_step_ns, rank_findings
 from .load import RunData, load_run, open_runs
 from .metrics import run_metrics
 from .negatives import negatives
+from .record import Finding
 from .shape import job_shape, step_times
 from .whatif import REPLAY_MAX_EVENTS, RunReplay, apply_replay, confirm_by_replay
 from .where import annotate

@@ -8,7 +8,7 @@ median step), so the first finding is the one worth fixing first:
 * imbalance: the compute the rank does beyond the mean of the ranks (``excess_ns_per_step``), or the
   wait it imposes on its peers if larger (extra work is *why* it makes them wait);
 * slow pipeline stage: its own time beyond the other stages' (``excess_ns_per_step``);
-* slow host: a straggler whose lateness its host explains (:func:`_slow_hosts`): the wait it imposes;
+* slow host: a straggler whose lateness its host explains (:func:`.hosts.slow_hosts`): the wait it imposes;
 * exposed communication: what overlapping the data-parallel collectives issued only after the
   backward pass with that backward could save (see :func:`_exposed`; other exposed communication is
   waiting, a stall, or bound by the network, and is the evidence, not a finding).
@@ -22,13 +22,13 @@ and is no imbalance (the analysis decides: imbalance.sql's ``same_work``, analys
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-
 import numpy as np
 import pandas as pd
 
 from ..analyses.params import default
+from .hosts import add_cpu_wait, slow_hosts
 from .load import RunData
+from .record import SPECIFICITY, TITLES, Finding, ms
 
 #: An exposed-communication finding needs at least this much recoverable time, in % of the median
 #: step: below it, overlapping better is not worth a person's time (setting exposed_comm_min_pct).
@@ -36,45 +36,6 @@ EXPOSED_COMM_MIN_PCT = default("exposed_comm_min_pct")
 
 #: Exposed intervals listed as evidence of an exposed-communication finding (setting exposed_evidence_top).
 EXPOSED_EVIDENCE_TOP = default("exposed_evidence_top")
-
-#: Finding kinds that name a slow rank (what a what-if idealises, what slows the step).
-RANK_KINDS = ("straggler", "slow_host", "imbalance", "slow_stage")
-
-#: Which cause wins when one rank is flagged by several analyses (higher = more specific).
-_SPECIFICITY = {"straggler": 0, "imbalance": 1, "slow_stage": 2}
-
-_TITLES = {"straggler": "Straggler", "slow_host": "Slow host", "imbalance": "Imbalance", "slow_stage": "Slow pipeline stage",
-           "exposed_comm": "Exposed communication", "structural": "Structural imbalance"}
-
-
-@dataclass
-class Finding:
-    """One ranked finding. Every string may contain text from the trace: escape it when rendering."""
-    kind: str                          # straggler, imbalance, slow_stage, exposed_comm
-    title: str
-    recoverable_ns_per_step: float
-    recoverable_pct: float             # of the median step time
-    summary: str
-    rank: int | None = None
-    stage: int | None = None
-    evidence: list[str] = field(default_factory=list)
-    evidence_rows: list[dict] = field(default_factory=list)   # a small table (exposed intervals, ...)
-    also: list[str] = field(default_factory=list)             # kinds merged into this one
-    recoverable_source: str = "estimate"   # "replay" (a what-if's saving, see whatif.py) or "estimate" (the analyses')
-    estimate_ns_per_step: float | None = None   # the analyses' estimate, when replay replaced it
-    replay: dict | None = None             # the what-if (status, plan, ranks, saving_ns_per_step, identity_error, ...)
-    where: dict = field(default_factory=dict)   # rank, stage, phase, annotation, op, step (None: unknown); where.py
-    where_text: str = ""                   # the same in words: 'rank 2, forward phase, in the range slow_rank_delay'
-    how_much: str = ""                     # '15.60 ms per step (38.6% of the median step)'
-    cpu_wait_ns_per_step: float | None = None   # its rank's wait for a CPU core per step (host_cpu); None: unknown
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def ms(ns) -> str:
-    return "unknown" if ns is None or pd.isna(ns) else f"{ns / 1e6:.2f} ms"
-
 
 def median_step_ns(data: RunData) -> float:
     """Median over steps of the median over ranks of the step time (as stragglers.sql measures it)."""
@@ -117,7 +78,7 @@ def _stragglers(data: RunData) -> list[Finding]:
             last = coll[coll["last_arriver"] == s.rank]
             ev.append(f"arrived last at {len(last)} of {len(coll)} collectives"
                       + (f", median arrival skew then {ms(last['arrival_skew_ns'].median())}" if len(last) else ""))
-        out.append(Finding("straggler", f"{_TITLES['straggler']}: rank {s.rank}", float(s.delay_ns_per_step),
+        out.append(Finding("straggler", f"{TITLES['straggler']}: rank {s.rank}", float(s.delay_ns_per_step),
                            float(s.delay_pct), f"rank {s.rank} makes its peers wait {ms(s.delay_ns_per_step)} per step "
                            f"({s.delay_pct:.1f}% of the step); it is slower in {s.phase}", rank=int(s.rank), evidence=ev))
     return out
@@ -138,7 +99,7 @@ def _imbalance(data: RunData) -> list[Finding]:
         mine = a2a[a2a["rank"] == r.rank] if not a2a.empty else a2a
         for a in mine.itertuples():
             ev.append(f"all_to_all: sends {a.sent_over_mean:.2f}x and receives {a.recv_over_mean:.2f}x the mean bytes")
-        out.append(Finding("imbalance", f"{_TITLES['imbalance']}: rank {r.rank}", float(r.excess_ns_per_step),
+        out.append(Finding("imbalance", f"{TITLES['imbalance']}: rank {r.rank}", float(r.excess_ns_per_step),
                            float(r.excess_pct), f"rank {r.rank} computes {r.ratio_to_mean:.2f}x the mean of the ranks "
                            f"(+{ms(r.excess_ns_per_step)} per step)", rank=int(r.rank), evidence=ev))
     return out + _routing(data, {f.rank for f in out})
@@ -235,7 +196,7 @@ def _routing(data: RunData, already: set) -> list[Finding]:
         if not worst.empty and worst.max() > imposed_by.get(a.rank, 0.0):
             ev.append(f"other ranks were late too: rank {int(worst.idxmax())} imposed {ms(worst.max())} per step and "
                       f"rank against {ms(imposed_by.get(a.rank, 0.0))} for rank {a.rank} (mean over steps)")
-        out.append(Finding("imbalance", f"{_TITLES['imbalance']}: rank {a.rank} (MoE routing)", rec, rec_pct,
+        out.append(Finding("imbalance", f"{TITLES['imbalance']}: rank {a.rank} (MoE routing)", rec, rec_pct,
                            f"rank {a.rank} gets {ratio:.2f}x the mean all_to_all traffic (routing skew)",
                            rank=int(a.rank), evidence=ev))
     return out
@@ -252,7 +213,7 @@ def _slow_stages(data: RunData) -> list[Finding]:
         if not bub.empty:
             ev.append(f"pipeline bubble: {bub['bubble_pct'].median():.1f}% of the step idle (median over stages and "
                       f"steps) against {bub['theoretical_bubble_pct'].iloc[0]:.1f}% in theory for the schedule")
-        out.append(Finding("slow_stage", f"{_TITLES['slow_stage']}: stage {r.stage} (rank {r.rank})",
+        out.append(Finding("slow_stage", f"{TITLES['slow_stage']}: stage {r.stage} (rank {r.rank})",
                            float(r.excess_ns_per_step), float(r.excess_pct),
                            f"stage {r.stage} (rank {r.rank}) spends {ms(r.excess_ns_per_step)} more of its own time "
                            f"per step than the other stages ({r.excess_pct:.1f}% of the step)",
@@ -274,7 +235,7 @@ def _structural(data: RunData, taken: set) -> list[Finding]:
         if not (r.is_structural is True or r.is_structural == 1) or int(r.rank) in taken:
             continue
         why = "holds the loss and head" if is_last else "holds more of the model (an uneven partition)"
-        out.append(Finding("structural", f"{_TITLES['structural']}: stage {r.stage} (rank {r.rank}) {why}",
+        out.append(Finding("structural", f"{TITLES['structural']}: stage {r.stage} (rank {r.rank}) {why}",
                            float(r.structural_ns_per_step), float(r.structural_pct),
                            f"stage {r.stage} (rank {r.rank}) {why}: it computes {ms(r.structural_ns_per_step)} per step "
                            f"more than the other stages; rebalancing the partition could save up to that",
@@ -376,7 +337,7 @@ def _exposed(data: RunData, step_ns: float) -> list[Finding]:
                      "op": r.op, "pg": r.pg, "seq": None if pd.isna(r.seq) else int(r.seq),
                      "bytes": None if pd.isna(r.bytes) else int(r.bytes), "compute before": r.compute_before,
                      "compute after": r.compute_after})
-    return [Finding("exposed_comm", _TITLES["exposed_comm"], rec, pct,
+    return [Finding("exposed_comm", TITLES["exposed_comm"], rec, pct,
                     f"gradient communication is not overlapped with backward: up to {ms(rec)} per step ({pct:.1f}% "
                     f"of the step) could be hidden by issuing it during the backward pass", evidence=ev,
                     evidence_rows=rows)]
@@ -391,7 +352,7 @@ def _merge_by_rank(found: list[Finding]) -> list[Finding]:
     for f in found:
         (by_rank.setdefault(f.rank, []) if f.rank is not None else out).append(f)
     for parts in by_rank.values():
-        parts.sort(key=lambda f: -_SPECIFICITY[f.kind])
+        parts.sort(key=lambda f: -SPECIFICITY[f.kind])
         head = parts[0]
         for other in parts[1:]:
             head.also.append(other.kind)
@@ -408,125 +369,6 @@ def rank_findings(data: RunData) -> list[Finding]:
     step_ns = median_step_ns(data)
     found = _merge_by_rank(_stragglers(data) + _imbalance(data) + _slow_stages(data))
     found += _structural(data, {f.rank for f in found if f.rank is not None}) + _exposed(data, step_ns)
-    _add_cpu_wait(data, found)
-    _slow_hosts(data, found)
+    add_cpu_wait(data, found)
+    slow_hosts(data, found)
     return sorted(found, key=lambda f: -f.recoverable_ns_per_step)
-
-
-def _add_cpu_wait(data: RunData, found: list[Finding]) -> None:
-    """A rank finding's evidence gets its rank's wait for a CPU core per step vs its peers'
-    (host_cpu.sql, from the collector's samples): a rank that waited for a core is slow because of
-    its host, which its trace cannot show. Nothing for a run recorded without samples (unknown)."""
-    hc = data.r("host_cpu")
-    if hc.empty:
-        return
-    rows = hc.set_index("rank")
-    for f in found:
-        if f.rank is None or f.kind not in _SPECIFICITY:
-            continue
-        if f.rank not in rows.index:
-            f.evidence.append("waited for a CPU core: unknown (the collector took no samples on this rank)")
-            continue
-        r = rows.loc[f.rank]
-        f.cpu_wait_ns_per_step = float(r["wait_ns_per_step"])
-        f.evidence.append(f"waited for a CPU core {ms(r['wait_ns_per_step'])} per step ({r['wait_pct']:.1f}% of its step, "
-                          f"median) vs its peers' median {ms(r['peers_wait_ns_per_step'])}")
-        if "run_ns_per_step" in r and pd.notna(r["run_ns_per_step"]):
-            f.evidence.append(f"its training thread ran {ms(r['run_ns_per_step'])} of CPU per step (median) vs its peers' "
-                              f"median {ms(r['peers_run_ns_per_step'])}")
-
-
-def _slow_hosts(data: RunData, found: list[Finding]) -> None:
-    """A rank finding its host explains becomes ``slow_host`` (what to fix is the host: pinning,
-    isolation, a node; the wait it imposes stays its recoverable time):
-
-    * a straggler that ran the same operations on the same input shapes as its peers (work.sql)
-      and whose extra CPU time plus extra wait for a core per step (host_cpu.sql: its training
-      thread's CPU time, and the larger of its training thread's and its whole process's wait that
-      its host can have caused -- not its threads' wait behind each other, a lower bound --
-      beyond its peers' medians) covers at least ``straggler_host_min_pct`` of the phase it was
-      slower in;
-    * a straggler no phase of its own shows slower than its peers by ``straggler_min_excess_pct``
-      of a step -- the analyses found it by its threads' extra wait for a core (stragglers.sql) --
-      whatever its work (its CPU time is not compared);
-    * a slow pipeline stage whose extra wait for a core alone covers that share of its excess own
-      time (its CPU time is not compared: another stage runs other layers).
-
-    What a straggler's own code did is not its host: its training thread's extra CPU time counts only
-    as far as its operations took longer than its peers' (the rest ran outside every traced operation:
-    its own untraced code on that thread -- Python, data loading, a busy-wait), and its threads' extra
-    wait for a core less that rest (the time they waited behind it).
-
-    Unknown (no samples, no work comparison): the finding stays as it is."""
-    hc = data.r("host_cpu")
-    if hc.empty or "run_ns_per_step" not in hc:
-        return
-    im, st = data.r("imbalance"), data.r("stragglers")
-    min_pct = float(data.params.get("straggler_host_min_pct", default("straggler_host_min_pct")))
-    own_pct = float(data.params.get("straggler_min_excess_pct", default("straggler_min_excess_pct")))
-    hosts = hc.set_index("rank")
-    same = im.set_index("rank")["same_work"] if not im.empty and "same_work" in im else pd.Series(dtype=object)
-    ops = im.set_index("rank")["compute_ns_per_step"] if not im.empty and "compute_ns_per_step" in im \
-        else pd.Series(dtype=float)
-    st = st.set_index("rank") if not st.empty else pd.DataFrame(columns=["phase_excess_ns_per_step"])
-    phase = st["phase_excess_ns_per_step"]
-    # a straggler no phase of its own showed slow enough: the analyses admitted it by its wait for a core
-    by_wait = st["phase_excess_pct"].fillna(0) < own_pct if "phase_excess_pct" in st else pd.Series(dtype=bool)
-    for f in found:
-        if f.kind not in ("straggler", "slow_stage") or f.also or f.rank not in hosts.index:
-            continue
-        h = hosts.loc[f.rank]
-        extra_run = h["run_ns_per_step"] - h["peers_run_ns_per_step"]
-        # the waits its host can have caused (host_cpu.sql: not its threads' wait behind each other)
-        extra_wait = h.get("host_wait_ns_per_step", np.nan) - h.get("peers_host_wait_ns_per_step", np.nan)
-        # its other threads' wait counts too (gloo's runloop threads run its collectives, OpenMP its
-        # kernels: while they wait for a core the training thread sits idle, neither running nor waiting)
-        extra_proc = h.get("host_proc_wait_ns_per_step", np.nan) - h.get("peers_host_proc_wait_ns_per_step", np.nan)
-        if pd.notna(extra_wait) and pd.notna(extra_proc):
-            extra_wait = max(extra_wait, extra_proc)
-        own_cpu = 0.0   # CPU its training thread spent beyond its peers' outside its operations
-        found_by_wait = f.kind == "straggler" and bool(by_wait.get(f.rank, False))
-        if found_by_wait:
-            ex, what, extra_run = float(st.loc[f.rank, "delay_ns_per_step"]), "the wait it cost each peer", 0.0
-        elif f.kind == "straggler":
-            if f.rank not in phase.index or not (same.get(f.rank) is True or same.get(f.rank) == 1):
-                continue
-            ex, what = float(phase[f.rank]), "its slower phase"
-            ops_x = ops[f.rank] - ops.drop(f.rank).median() if f.rank in ops.index and len(ops) > 1 else np.nan
-            if pd.notna(ops_x) and pd.notna(extra_run) and pd.notna(extra_wait):   # (unknown: as before)
-                ops_x = max(float(ops_x), 0.0)
-                own_cpu, extra_run = max(extra_run - ops_x, 0.0), min(extra_run, ops_x)
-                extra_wait = max(extra_wait - own_cpu, 0.0)
-        else:
-            ex, what, extra_run = float(f.recoverable_ns_per_step), "its excess own time", 0.0
-        # (found by its wait alone, a straggler is a slow host whatever share of its cost the wait covers)
-        if pd.isna(extra_run) or pd.isna(extra_wait) or not ex > 0 \
-                or not (found_by_wait or 100.0 * (extra_run + extra_wait) >= min_pct * ex):
-            if own_cpu > 0.1 * ex:
-                f.evidence.append(f"its training thread ran {ms(own_cpu)} more CPU per step than its peers' outside its "
-                                  f"traced operations: its own untraced code on that thread (Python between operators, "
-                                  f"data loading, a busy-wait), not its host")
-            continue
-        share = 100.0 * (extra_run + extra_wait) / ex
-        parts = []
-        if extra_run > 0 and h['peers_run_ns_per_step'] > 0:
-            parts.append(f"ran the same work {100.0 * extra_run / h['peers_run_ns_per_step']:.0f}% slower "
-                         f"(+{ms(extra_run)} of CPU per step)")
-        if extra_wait > 0:
-            parts.append(f"kept its threads waiting {ms(extra_wait)} more per step for a core")
-        was = f"stage {f.stage} " if f.kind == "slow_stage" else ""
-        f.kind, f.title = "slow_host", f"{_TITLES['slow_host']}: rank {f.rank}"
-        f.summary = (f"rank {f.rank}'s host {' and '.join(parts)}; its peers wait for it "
-                     f"{ms(f.estimate_ns_per_step or f.recoverable_ns_per_step)} per step")
-        alone = was != "" or found_by_wait     # its wait is the whole evidence
-        cpu = (f"its extra wait for a core ({_signed(extra_wait)})" if alone
-               else f"its extra CPU time ({_signed(extra_run)}) and extra wait for a core ({_signed(extra_wait)})")
-        work = (f"as pipeline {was.strip()}" if was else
-                f"with no phase of its own {own_pct:g}% of a step slower than its peers'" if alone else
-                "running the same operations on the same input shapes as its peers")
-        f.evidence.insert(0, f"{cpu} per step {'covers' if alone else 'cover'} {share:.0f}% of {what} (+{ms(ex)}), "
-                             f"{work}: its host (a slower or shared core), not its work or the job, made it late")
-
-
-def _signed(ns: float) -> str:
-    return ("+" if ns >= 0 else "-") + ms(abs(ns))

@@ -21,8 +21,8 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
 from .build import Report, RunReport
-from .findings import ms
 from .metrics import METRICS
+from .record import ms
 from .whatif import replay_note
 from .where import denominator
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from urllib.parse import quote
 
 from .build import Report, RunReport
-from .findings import ms
 from .metrics import METRICS
+from .record import ms
 from .whatif import replay_note
 from .where import denominator
 

@@ -14,8 +14,9 @@ import numpy as np
 import pandas as pd
 
 from ..errors import TraceAnalyzerError
-from .findings import RANK_KINDS, Finding, exposed_comm_per_step, median_step_ns
+from .findings import exposed_comm_per_step, median_step_ns
 from .load import RunData
+from .record import RANK_KINDS, Finding
 
 #: The what-if slowdown is capped here: a "recoverable" time close to the whole step would divide by ~0.
 _MAX_SLOWDOWN_PCT = 10_000.0

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pandas as pd
 
 from ..analyses.params import default
-from .findings import EXPOSED_COMM_MIN_PCT, Finding, exposed_comm_per_step, ms, routing_estimates, routing_min_pct
+from .findings import EXPOSED_COMM_MIN_PCT, exposed_comm_per_step, routing_estimates, routing_min_pct
 from .load import RunData
+from .record import Finding, ms
 
 
 def _same_work_ranks(data: RunData) -> list[int]:

@@ -16,7 +16,7 @@ from matplotlib.backends.backend_pdf import PdfPages
 from matplotlib.figure import Figure
 
 from .build import Report
-from .findings import ms
+from .record import ms
 from .whatif import replay_note
 from .where import denominator
 

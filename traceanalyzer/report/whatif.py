@@ -20,8 +20,9 @@ import time
 from dataclasses import dataclass, field
 
 from ..analyses.params import default as _default
-from .findings import RANK_KINDS, Finding, median_step_ns, ms, pct_of
+from .findings import median_step_ns, pct_of
 from .load import RunData
+from .record import RANK_KINDS, Finding, ms
 
 #: At most this many rank findings (largest estimate first) are replayed; the others keep their
 #: estimate. One what-if costs two replays of the whole graph plus the plan: ~0.6 s for 13 M events
