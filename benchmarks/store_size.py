@@ -36,8 +36,9 @@ FILLERS = ("ddp_gloo_2rank", "ddp_gloo_4rank_slow2", "pp_1f1b_4rank", "fsdp_gloo
 
 
 def _cpu(cmd: list[str], env: dict) -> float:
-    with tempfile.NamedTemporaryFile("w+", suffix=".log") as log:
-        r = harness.run_child(cmd, Path(log.name), env=env)
+    with tempfile.NamedTemporaryFile("w+", suffix=".log") as log:   # (cwd: not a source tree, whose
+        # traceanalyzer/ `python -m` would import ahead of PYTHONPATH's)
+        r = harness.run_child(cmd, Path(log.name), env=env, cwd=Path(tempfile.gettempdir()))
     if not r["ok"]:
         raise SystemExit(f"failed: {' '.join(cmd)}\n{r['log_tail'][-2000:]}")
     return r["cpu_seconds"]

@@ -9,11 +9,16 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
+import pytest
 from conftest import TRACES
 
 import traceanalyzer as ta
+from traceanalyzer.analyses.results import analyze
+from traceanalyzer.errors import StoreWarning
+from traceanalyzer.report.build import build_report
 from traceanalyzer.store import files as st
 from traceanalyzer.store import writers
 from traceanalyzer.store.check import check_store
@@ -70,3 +75,33 @@ def test_store_connections_draw_no_progress_bar_and_change_nothing_global(shippe
     out = subprocess.run([sys.executable, "-c", code, str(shipped_store)], capture_output=True, text=True,
                          check=True, env={**os.environ, "PYTHONPATH": str(Path(ta.__file__).parents[1])})
     assert out.stdout.split() == ["True", "False"], out.stdout + out.stderr
+
+
+def test_a_commit_collects_what_it_unlisted_and_reads_one_run(tmp_path, monkeypatch):
+    """A short commit (analyze's results and summaries) removes the files it unlisted once their
+    keep time is up, and nothing else: it walks no table folder, so its cost does not grow with the
+    runs in the store (benchmarks/store_size.py). A file no manifest ever listed (left by a killed
+    ingest) waits for the next ingest's sweep. A run's analyze and report read that run only: a
+    damaged run beside it is neither read nor reported."""
+    store = tmp_path / "store"
+    for run in ("a", "b"):
+        ta.ingest([TRACES / "ddp_gloo_2rank"], store, run=run, progress=False, workers=1)
+    events = sorted((store / "events" / "run=a").rglob("*.parquet"))[0]
+    stray = events.with_name("part-999.parquet")                 # a killed ingest's file: never listed
+    stray.write_bytes(events.read_bytes())
+    analyze(store, run="a", only=["stragglers"])
+    first = {f for f in st.read_manifest(store).extra["results"]["stragglers"]["files"].values()}
+    monkeypatch.setattr(writers, "RETIRED_KEEP_S", 0)
+    analyze(store, run="a", only=["stragglers"], straggler_min_delay_pct=11.0)   # replaces (and unlists) them
+    assert not any((store / f).exists() for f in first)        # unlisted, keep time over: removed
+    assert stray.exists()                                        # not this commit's: left for the sweep
+    b_events = sorted((store / "events" / "run=b").rglob("*.parquet"))[0]
+    b_events.write_bytes(b"PAR1 truncated")                      # run b damaged
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        rr = build_report(store, run="a", figures=False, replay=False).runs[0]
+    assert rr.run == "a" and not [w for w in caught if "'b'" in str(w.message) or "run=b" in str(w.message)]
+    with pytest.warns(StoreWarning, match="run 'b' is damaged"), ta.open(store):   # the whole store: said
+        pass
+    ta.ingest([TRACES / "ddp_gloo_2rank"], store, run="c", progress=False, workers=1)
+    assert not stray.exists()                                    # the ingest's sweep
