@@ -81,8 +81,8 @@ def test_a_commit_collects_what_it_unlisted_and_reads_one_run(tmp_path, monkeypa
     """A short commit (analyze's results and summaries) removes the files it unlisted once their
     keep time is up, and nothing else: it walks no table folder, so its cost does not grow with the
     runs in the store (benchmarks/store_size.py). A file no manifest ever listed (left by a killed
-    ingest) waits for the next ingest's sweep. A run's analyze and report read that run only: a
-    damaged run beside it is neither read nor reported."""
+    ingest) waits for the next ingest of its run, or ``check --repair``. A run's analyze and report
+    read that run only: a damaged run beside it is neither read nor reported."""
     store = tmp_path / "store"
     for run in ("a", "b"):
         ta.ingest([TRACES / "ddp_gloo_2rank"], store, run=run, progress=False, workers=1)
@@ -103,5 +103,11 @@ def test_a_commit_collects_what_it_unlisted_and_reads_one_run(tmp_path, monkeypa
     assert rr.run == "a" and not [w for w in caught if "'b'" in str(w.message) or "run=b" in str(w.message)]
     with pytest.warns(StoreWarning, match="run 'b' is damaged"), ta.open(store):   # the whole store: said
         pass
+    c_stray = store / "events" / "run=c" / "rank=0" / "window_id=0" / "part-998.parquet"   # an ingest of c, killed
+    c_stray.parent.mkdir(parents=True)
+    c_stray.write_bytes(events.read_bytes())
     ta.ingest([TRACES / "ddp_gloo_2rank"], store, run="c", progress=False, workers=1)
-    assert not stray.exists()                                    # the ingest's sweep
+    assert not c_stray.exists() and stray.exists()              # an ingest sweeps its own run's folders
+    assert "leftover" in check_store(store).text()
+    check_store(store, repair=True)                              # check --repair: the whole store
+    assert not stray.exists()

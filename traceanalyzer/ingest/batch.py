@@ -319,7 +319,7 @@ def ingest(paths, store, run: str | None = None, rank: int | None = None, worker
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         try:
-            st.collect_garbage(store, manifest)
+            st.collect_garbage(store, manifest, run=run)   # this run's folders: no walk of the whole store
         except OSError:
             pass
     return IngestReport(str(store), run, summaries, time.perf_counter() - t0, side_done, already)

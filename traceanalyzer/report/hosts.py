@@ -111,7 +111,8 @@ def slow_hosts(data: RunData, found: list[Finding]) -> None:
             parts.append(f"ran the same work {100.0 * extra_run / h['peers_run_ns_per_step']:.0f}% slower "
                          f"(+{ms(extra_run)} of CPU per step)")
         if extra_wait > 0:
-            parts.append(f"kept its threads waiting {ms(extra_wait)} more per step for a core")
+            parts.append(f"kept its threads waiting {ms(extra_wait)} more per step for a core (not counting their "
+                         f"wait behind each other)")
         was = f"stage {f.stage} " if f.kind == "slow_stage" else ""
         f.kind, f.title = "slow_host", f"{TITLES['slow_host']}: rank {f.rank}"
         f.summary = (f"rank {f.rank}'s host {' and '.join(parts)}; its peers wait for it "
@@ -123,7 +124,9 @@ def slow_hosts(data: RunData, found: list[Finding]) -> None:
                 f"with no phase of its own {own_pct:g}% of a step slower than its peers'" if alone else
                 "running the same operations on the same input shapes as its peers")
         f.evidence.insert(0, f"{cpu} per step {'covers' if alone else 'cover'} {share:.0f}% of {what} (+{ms(ex)}), "
-                             f"{work}: its host (a slower or shared core), not its work or the job, made it late")
+                             f"{work}: its host (a slower or shared core), not its work or the job, made it late "
+                             f"(the wait counted is what other processes can have cost it: beyond what its own "
+                             f"threads ran, at most the core time its process left unused)")
 
 
 def _signed(ns: float) -> str:

@@ -242,11 +242,16 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def partition_dir_run(run: str) -> str:
+    """A run's folder in a table's folder."""
+    return f"run={run}"
+
+
 def partition_dir(table: str, run: str, rank: int, window_id: int | None = None) -> str:
     """Folder of a table's files for one trace file, or (window_id None) for one process."""
     if window_id is None:
-        return f"{table}/run={run}/rank={rank}"
-    return f"{table}/run={run}/rank={rank}/window_id={window_id}"
+        return f"{table}/{partition_dir_run(run)}/rank={rank}"
+    return f"{table}/{partition_dir_run(run)}/rank={rank}/window_id={window_id}"
 
 
 def place(store: Path, staged: dict[str, str], run: str, rank: int, part: str,
@@ -273,10 +278,21 @@ def summary_files(manifest: Manifest) -> set[str]:
                for f in c.get("files", {}).values()})
 
 
-def collect_garbage(store: Path, manifest: Manifest) -> None:
-    """Remove files no manifest lists (left by an ingest that was killed) and old staging dirs."""
-    from .writers import retained
+def collect_garbage(store: Path, manifest: Manifest, run: str | None = None) -> None:
+    """Remove files no manifest lists (left by an ingest that was killed) and old staging dirs.
+    With ``run`` (an ingest of that run) only that run's table folders are swept, plus the retired
+    files whose keep time is up: an ingest then costs the same in a store of 1 run or 1,000
+    (``check --repair`` sweeps everything)."""
+    from .writers import listed, retained
     kept = retained(manifest)  # unlisted by a recent commit: a reader may hold them
+    if run is not None and not isinstance(store, Remote):
+        live = listed(manifest) | kept
+        for table in S.TABLES:
+            _sweep(store, f"{table}/{partition_dir_run(run)}", live, rmdir=True)
+        for rel in set(manifest.extra.get("retired", {})) - live:
+            (store / rel).unlink(missing_ok=True)
+        _collect_leftovers(store)
+        return
     live = {f for t in manifest.traces + manifest.sidecars for f in t["files"].values()} | kept
     summaries = summary_files(manifest) | kept
     if isinstance(store, Remote):
