@@ -444,9 +444,10 @@ def describe() -> str:
 # traceanalyzer.analyses is imported (the schema sits below the analyses and imports nothing of
 # them). Bump RESULTS_VERSION when a result column changes.
 
-RESULTS_VERSION = "1.6"   # 1.2: launch_stats clock-offset columns; 1.3: pipeline_slow_stages structural columns;
+RESULTS_VERSION = "1.7"   # 1.2: launch_stats clock-offset columns; 1.3: pipeline_slow_stages structural columns;
 #                          1.4: serialized_comm, pipeline stalls on collectives and sends;
 #                          1.5: imbalance above_thresholds, same_work (is_finding applies the same-work rule);
-#                          1.6: stragglers phase_excess_pct, host_wait_excess_pct
+#                          1.6: stragglers phase_excess_pct, host_wait_excess_pct;
+#                          1.7: host_cpu host_wait / host_proc_wait (and peers'); stragglers' host_wait_excess_pct from them
 
 RESULTS: dict[str, Table] = {}
