@@ -12,7 +12,7 @@ measurement, not a result), then runs ``compute`` as ``analyze`` does. A script,
     PYTHONPATH=$PWD python benchmarks/reduce_memory.py /tmp/drivermem/store-128 [--top 25] [--json-out F]
 
 ``--run R``: the reduce of one run, as ``analyze --run R`` makes it (a connection over that run's
-files only, :func:`traceanalyzer.analyses.summaries.open_runs`); with ``--whole-store``, over every
+files only, :func:`traceanalyzer.analyses.connect` with ``run``); with ``--whole-store``, over every
 run's files as before session 19 (a store of many runs: the cross-rank views read them all).
 """
 from __future__ import annotations
@@ -63,7 +63,7 @@ def main(argv=None) -> int:
     from traceanalyzer.store.runs import store_runs
 
     t0, r0 = time.perf_counter(), rss_mb()
-    con = sm.open_runs(args.store, [args.run]) if args.run and not args.whole_store else connect(args.store)
+    con = connect(args.store, run=args.run if not args.whole_store else None)
     if args.memory_limit:
         import shutil
         import tempfile

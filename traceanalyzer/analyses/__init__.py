@@ -62,8 +62,10 @@ def bind_views(con, views) -> Any:
 def connect(store_or_con, run: str | None = None):
     """A DuckDB connection over a store: the canonical views (:func:`traceanalyzer.store.open_store`)
     plus ``nccl_comm_map`` / ``comms_nccl`` (NCCL communicators matched to process groups,
-    :mod:`.nccl_join`). With ``run``, over that run's files and saved results only (what one run
-    costs, whatever else the store holds); over the whole store when it has no such run (so that
+    :mod:`.nccl_join`). With ``run``, over that run's files and saved results only: the cross-rank
+    views read canonical tables (``comms``, ``steps``, ...), which over the whole store hold every
+    run's rows, so that analysing one run of a store of 150 cost the work and memory of all 150
+    (issue 18). Over the whole store when it has no such run (so that
     :func:`traceanalyzer.store.runs.resolve_run` names the runs it has). An open connection is
     returned as it is."""
     if hasattr(store_or_con, "execute"):

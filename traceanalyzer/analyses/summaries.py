@@ -160,23 +160,6 @@ def open_run(store: str, run: str, ranks: list[int] | None = None):
     return st.open_store(store, select=lambda t: t.get("run") == run and (keep is None or t.get("rank") in keep))
 
 
-def open_runs(store, runs: list[str]):
-    """The reduce's connection when it analyses some of a store's runs: a store connection (with
-    the NCCL join, as :func:`traceanalyzer.analyses.connect`) over the files of ``runs`` only. The
-    cross-rank views read canonical tables (``comms``, ``steps``, ``ranks``, ...): over the whole
-    store they hold every run's rows, so that analysing one run of a store of 150 made the reduce's
-    work and memory those of all 150 (issue 18)."""
-    from .nccl_join import register
-    keep = set(runs)
-    con = st.open_store(store, select=lambda t: t.get("run") in keep)
-    try:
-        register(con)
-    except BaseException:
-        con.close()
-        raise
-    return con
-
-
 def rank_chunks(loc, manifest, run: str, n_workers: int = 1) -> list[list[int]]:
     """The run's ranks cut into the map's tasks: consecutive ranks up to MAP_TASK_EVENTS_BYTES of
     events Parquet together (a larger rank is a task of its own), MAP_TASK_RANKS where the sizes are

@@ -131,13 +131,14 @@ def _over_saved(store, run: str, params: dict):
     saved summaries and whose ``pipeline_shape`` is the saved result: ``pipeline_idle`` is then
     computed from compact per-rank tables and ``comms``, without reading events (a second report of
     a large pipeline run). None when the summaries are not current (never analysed, other params)."""
+    from ..analyses import connect
     from ..analyses import modules as M
     from ..analyses import summaries as sm
     from ..analyses.results import effective_params
     p = effective_params(params)
     if sm.current(store, [run], p) != [run]:
         return None
-    con = sm.open_runs(store, [run])    # the run's files only: comms of the other runs are not read
+    con = connect(store, run=run)    # the run's files only: comms of the other runs are not read
     try:
         if not sm.attach(con, store, [run], p) or not con.execute(
                 "SELECT count(*) FROM result_pipeline_shape WHERE run = $run", {"run": run}).fetchone()[0]:
