@@ -86,3 +86,49 @@ def test_two_coordinate_sets_of_a_rank_in_different_blocks_is_one_error(small, t
                    row_group_size=1000)
     with pytest.raises(TraceInputError, match=r"rank 5 has two sets of parallel coordinates"):
         list(load(bad, block_rows=500))
+
+
+def test_parts_are_whole_ranks_and_convert_to_the_same_tables(small, tmp_path):
+    """A large op timeline is converted in parts by several workers (ingest/batch.py
+    _op_timeline_parts): the parts hold whole ranks, and their conversions together are the whole's."""
+    from traceanalyzer.ingest.op_timeline import parts, plan
+    path, _ = small
+    split = tmp_path / "split.parquet"
+    t = pq.read_table(path)
+    ends = np.flatnonzero(np.diff(t.column("rank").to_numpy())) + 1   # where a rank starts
+    with pq.ParquetWriter(split, t.schema) as w:   # row groups: ranks 0-4 cut in two, then ranks 5-15 in one
+        for lo, hi in ((0, int(ends[2]) + 7), (int(ends[2]) + 7, int(ends[4])), (int(ends[4]), t.num_rows)):
+            w.write_table(t.slice(lo, hi - lo))
+    for f, most in ((path, 5), (split, 2)):
+        p, want = plan(f), _tables(f)
+        for n in (2, 3, 5):
+            cut = parts(p, n)
+            assert 2 <= len(cut) <= min(n, most), (f.name, n)
+            assert [x for part in cut for x in part] == p.sc.pieces
+            for a, b in zip(cut, cut[1:]):
+                assert a[-1].hi < b[0].lo, (f.name, n)    # no rank in two parts
+            got = {}
+            for part in cut:
+                for b in load(f, plan_=p, pieces=part, block_rows=900):
+                    assert b.rank not in got
+                    got[b.rank] = b.tables
+            assert sorted(got) == sorted(want)
+            for r in want:
+                for name, t in want[r].items():
+                    assert got[r][name].equals(t), (f.name, n, r, name)
+    assert parts(plan(path), 1) == [plan(path).sc.pieces]
+
+
+def test_a_large_op_timeline_ingests_in_parts_into_the_same_store(small, tmp_path, monkeypatch):
+    from traceanalyzer.ingest import batch
+    path, _ = small
+    monkeypatch.setattr(batch, "SMALL_INPUT_BYTES", 0)   # this small file counts as large
+    assert len(batch._op_timeline_parts(str(path), {}, 2)) == 2
+    one = ta.ingest([path], tmp_path / "one", run="r", workers=1)
+    two = ta.ingest([path], tmp_path / "two", run="r", workers=2)
+    assert len(one.traces) == len(two.traces) == 16
+    c1, c2 = ta.open(tmp_path / "one"), ta.open(tmp_path / "two")
+    for table in ("events", "comms", "steps", "threads", "ranks", "process_groups"):
+        q = f"SELECT * EXCLUDE (run) FROM {table} ORDER BY ALL" if table != "ranks" else \
+            "SELECT * EXCLUDE (run, trace_file) FROM ranks ORDER BY ALL"
+        assert c1.execute(q).df().equals(c2.execute(q).df()), table

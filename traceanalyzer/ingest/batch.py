@@ -194,6 +194,9 @@ def _parse_one(path: str, rank_arg: int | None, staging: str, opts: dict | None 
     from .sidecars import check_rank_manifest
     try:
         opts = opts or {}
+        if "op_timeline_part" in opts:  # a part of one large op timeline (_op_timeline_parts)
+            plan, pieces = opts["op_timeline_part"]
+            return ("ok", stage_op_timeline(path, load_op_timeline(path, plan_=plan, pieces=pieces), staging))
         if is_rank_files(path):  # the light collector's per-rank op timelines of one run, read together
             return ("ok", stage_op_timeline(path, load_op_timeline(path, opts.get("column_map")), staging))
         if looks_like_sqlite(path) or path.endswith(_SQLITE_SUFFIXES):  # Nsight Systems: a rank per GPU process
@@ -363,22 +366,30 @@ def _parse_all(files: list[Path], rank: int | None, staging: Path, workers: int 
     prebuilt, files, notes = stage_prebuilt(files, str(staging), manifests)  # the collector's parts: validate, stage
     bar = _Progress(len(files), enabled=progress)
     results = []
-    n_workers = max(1, min(workers or os.cpu_count() or 1, len(files)))
+    want = max(1, workers or os.cpu_count() or 1)
     if dask is None and workers is None and sum(_size(f) for f in files) < SMALL_INPUT_BYTES:
-        n_workers = 1  # starting a pool costs more than parsing a few small files
+        want = 1  # starting a pool costs more than parsing a few small files
     # a cluster's workers have another working directory: they get absolute paths
     paths = [str(f) if dask is None else str(Path(f).absolute()) for f in files]
     where = str(staging) if dask is None else str(Path(staging).absolute())
     # the task's own manifests, under its folder as the task names it (a cluster's: absolute)
     mine = [{Path(p).parent: docs for docs in part.values()}
             for p, part in zip(paths, manifests_for([str(f) for f in files], manifests))]
-    calls = [(p, rank, where, opts, m) for p, m in zip(paths, mine)]
+    calls, of_file = [], []   # a task per file, or per part of one large op timeline
+    for i, (p, m) in enumerate(zip(paths, mine)):
+        for task_opts in _op_timeline_parts(p, opts or {}, want) if want > 1 else [opts]:
+            calls.append((p, rank, where, task_opts, m))
+            of_file.append(i)
+    n_workers = max(1, min(want, len(calls)))
+    last = {i: k for k, i in enumerate(of_file)}
     if files:  # every file pre-built: no executor (nor cluster) to start
-        with open_executor(dask, n_workers, len(files), _PRELOAD, _worker_init) as ex, \
-                closing(ex.map_unordered(_parse_one, calls, [f"parse-{f.name}" for f in files])) as outcomes:
-            for i, result, failure in outcomes:
-                results.append(result if failure is None else ("error", paths[i], failure))
-                bar.advance(files[i])
+        names = [f"parse-{files[i].name}" + (f"-{k}" if len(calls) > len(files) else "") for k, i in enumerate(of_file)]
+        with open_executor(dask, n_workers, len(calls), _PRELOAD, _worker_init) as ex, \
+                closing(ex.map_unordered(_parse_one, calls, names)) as outcomes:
+            for k, result, failure in outcomes:
+                results.append(result if failure is None else ("error", paths[of_file[k]], failure))
+                if last[of_file[k]] == k:
+                    bar.advance(files[of_file[k]])
                 if results[-1][0] == "error":
                     break  # closing the generator cancels the rest
     bar.close()
@@ -393,6 +404,22 @@ def _parse_all(files: list[Path], rank: int | None, staging: Path, workers: int 
             s.notes.append(notes[s.path])
     done += prebuilt
     return sorted(done, key=lambda s: (s.rank, s.start_ts_ns))
+
+
+def _op_timeline_parts(path: str, opts: dict, n: int) -> list[dict]:
+    """The tasks' options for one input: a large op timeline (one file of every rank, or the light
+    collector's per-rank files, over SMALL_INPUT_BYTES) is scanned here once and converted in up to ``n`` parts of whole ranks, one
+    task each (its conversion and writes are ~95 % of its ingest); anything else is one task."""
+    from .nsys import looks_like_sqlite
+    from .op_timeline import RANK_FILES, is_op_timeline, is_rank_files, parts, plan
+    if is_rank_files(path):  # the light collector's per-rank files of one run, read together
+        if sum(_size(f) for f in Path(path).parent.glob(RANK_FILES)) < SMALL_INPUT_BYTES:
+            return [opts]
+    elif (_size(Path(path)) < SMALL_INPUT_BYTES or looks_like_sqlite(path) or path.endswith(_SQLITE_SUFFIXES)
+            or not (opts.get("format") == "op-timeline" or is_op_timeline(path, opts.get("column_map")))):
+        return [opts]
+    p = plan(path, opts.get("column_map"))
+    return [dict(opts, op_timeline_part=(p, pieces)) for pieces in parts(p, n)]
 
 
 def _assign_windows(summaries: list[TraceSummary], manifest: st.Manifest, run: str) -> None:

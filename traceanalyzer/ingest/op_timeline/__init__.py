@@ -32,9 +32,11 @@ communication overlapped GPU work.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -141,10 +143,26 @@ def _input(path: Path):
     return pieces, schema, csv_table
 
 
-def load(path, column_map: dict | None = None, block_rows: int = read.BLOCK_ROWS):
-    """One :class:`~traceanalyzer.ingest.kineto.build.RankTables` per rank of the timeline, in rank
-    order, built a block of about ``block_rows`` rows at a time (:mod:`.read`): a generator."""
-    from ..kineto.build import RankTables
+@dataclass
+class Plan:
+    """What :func:`plan` learned of an op timeline before converting any row (picklable: a worker
+    converts a part of the pieces, :func:`parts`, from it)."""
+    path: Path
+    schema: pa.Schema | None
+    sc: read.Scan
+    cols: dict
+    wanted: list[str]
+    to_ns: float
+    grid: Grid
+    world: int
+    meta: dict
+    unknown: set
+    csv_table: pa.Table | None = None
+
+
+def plan(path, column_map: dict | None = None) -> Plan:
+    """Check an op timeline's columns, scan it once (:func:`.read.scan`: ranks, coordinates, op
+    names, the unit) and say what its rows will become; raises TraceInputError with one line."""
     path = Path(path)
     column_map = dict(column_map or {})
     pieces, schema, csv_table = _input(path)
@@ -161,8 +179,7 @@ def load(path, column_map: dict | None = None, block_rows: int = read.BLOCK_ROWS
         raise TraceInputError(path, "empty op timeline (no rows)")
     to_ns, unit, unit_source = named_unit or _unit_inferred(path, sc, schema, csv_table, cols)
     grid = Grid(_grid(path, sc))
-    ops_u = sc.ops
-    unknown = {o for o in ops_u if _class(o) == "compute" and o not in VOCABULARY}
+    unknown = {o for o in sc.ops if _class(o) == "compute" and o not in VOCABULARY}
     log.info("%s: op timeline times in %s (%s)", path, unit, unit_source)
     ranks = sorted(grid.of)
     world = max(ranks) + 1
@@ -175,18 +192,45 @@ def load(path, column_map: dict | None = None, block_rows: int = read.BLOCK_ROWS
     meta = {"source": SOURCE, "time_unit": unit, "time_unit_source": unit_source, "step_source": "op_timeline",
             "parallel": dict(parallel, vpp=sc.vpp_max + 1), "kernels": False}
     wanted = [c for c in dict.fromkeys(cols.values()) if c is not None]
+    if unknown:
+        log.info("%s: %d op(s) of %d unknown type(s) kept as compute: %s", path,
+                 sum(sc.op_counts[o] for o in unknown), len(unknown), ", ".join(sorted(unknown)[:8]))
+    return Plan(path, schema, sc, cols, wanted, to_ns, grid, world, meta, unknown, csv_table)
+
+
+def parts(p: Plan, n: int) -> list[list[read.Piece]]:
+    """The plan's pieces in at most ``n`` parts of whole ranks and about equal rows, for as many
+    workers to convert (:func:`load`'s ``pieces``): a cut only between pieces that no rank spans. One
+    part where the input cannot be cut (CSV, a file not sorted by rank, a single piece)."""
+    pieces = p.sc.pieces
+    if n < 2 or p.csv_table is not None or not p.sc.sorted_by_rank or len(pieces) < 2:
+        return [pieces]
+    done = np.cumsum([x.rows for x in pieces])
+    cuttable = [i + 1 for i in range(len(pieces) - 1) if pieces[i].hi < pieces[i + 1].lo]  # cut before piece i+1
+    if not cuttable:
+        return [pieces]
+    at = np.array([done[i - 1] for i in cuttable])
+    cuts = sorted({cuttable[int(np.abs(at - done[-1] * k / n).argmin())] for k in range(1, n)})
+    return [pieces[a:b] for a, b in zip([0] + cuts, cuts + [len(pieces)])]
+
+
+def load(path, column_map: dict | None = None, block_rows: int = read.BLOCK_ROWS, plan_: Plan | None = None,
+         pieces: list[read.Piece] | None = None):
+    """One :class:`~traceanalyzer.ingest.kineto.build.RankTables` per rank of the timeline, in rank
+    order, built a block of about ``block_rows`` rows at a time (:mod:`.read`): a generator.
+    ``plan_`` (default: :func:`plan` of ``path``) and ``pieces`` (one of its :func:`parts`; default:
+    all) let workers convert parts of one input."""
+    from ..kineto.build import RankTables
+    p = plan_ if plan_ is not None else plan(path, column_map)
+    sc = p.sc if pieces is None else dataclasses.replace(p.sc, pieces=pieces)
+    ops_u = sc.ops
     classes = [_class(o) for o in ops_u]
     coll = [_coll_op(o) if _class(o) == "collective" else None for o in ops_u]
-    is_unknown = np.array([o in unknown for o in ops_u], bool)
-    n_unknown = 0
-    for t in read.blocks(sc, schema, wanted, block_rows, cols["rank"], csv_table):
-        a = _arrays(path, t, cols, to_ns, ops_u)
-        n_unknown += int(is_unknown[a["code"]].sum())
-        for r, tb, start, end, sk in tables.build(path, grid, ops_u, classes, coll, a, world, meta, is_unknown):
+    is_unknown = np.array([o in p.unknown for o in ops_u], bool)
+    for t in read.blocks(sc, p.schema, p.wanted, block_rows, p.cols["rank"], p.csv_table):
+        a = _arrays(p.path, t, p.cols, p.to_ns, ops_u)
+        for r, tb, start, end, sk in tables.build(p.path, p.grid, ops_u, classes, coll, a, p.world, p.meta, is_unknown):
             yield RankTables(r, SOURCE, tb, start, end, skipped=Counter(sk))
-    if n_unknown:
-        log.info("%s: %d op(s) of %d unknown type(s) kept as compute: %s", path, n_unknown, len(unknown),
-                 ", ".join(sorted(unknown)[:8]))
 
 
 def _arrays(path, t: pa.Table, cols: dict, to_ns: float, ops_u: list[str]) -> dict:

@@ -41,6 +41,7 @@ class Scan:
     pieces: list[Piece]
     rows: int
     ops: list[str]                                    # every op name, in first-seen order
+    op_counts: dict = field(default_factory=dict)     # op name -> rows
     coords: dict[int, tuple] = field(default_factory=dict)   # rank -> (dp, pp, tp, cp, ep)
     conflicts: list = field(default_factory=list)     # (rank, coords a, coords b)
     time_max: tuple[float, float] = (0.0, 0.0)        # max |start|, max duration (when asked)
@@ -109,7 +110,7 @@ def scan(path: Path, pieces: list[Piece], schema, cols: dict, times: bool, csv_t
     if cols.get("vpp"):
         need.append(cols["vpp"])
     vpp_max = 0
-    ops: dict[str, None] = {}
+    ops: dict[str, int] = {}
     coords: dict[int, tuple] = {}
     conflicts = []
     top = longest = 0.0
@@ -127,8 +128,9 @@ def scan(path: Path, pieces: list[Piece], schema, cols: dict, times: bool, csv_t
         p.lo, p.hi = int(rank.min()), int(rank.max())
         keys = [rank] + [_ints(path, t, cols[d]) if cols[d] else np.zeros(len(rank), np.int64) for d in dims]
         _coords(keys, coords, conflicts)
-        for o in pc.unique(t.column(cols["op"]).cast(pa.string())).to_pylist():
-            ops.setdefault(str(o), None)
+        counts = pc.value_counts(t.column(cols["op"]).cast(pa.string()))
+        for o, k in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist()):
+            ops[str(o)] = ops.get(str(o), 0) + k
         if cols.get("vpp"):
             vpp_max = max(vpp_max, int(pc.max(t.column(cols["vpp"])).as_py() or 0))
         if times:
@@ -138,8 +140,8 @@ def scan(path: Path, pieces: list[Piece], schema, cols: dict, times: bool, csv_t
                     v = pc.max(col if is_dur else pc.abs(col)).as_py()
                     if v is not None:
                         top, longest = (top, max(longest, float(v))) if is_dur else (max(top, float(v)), longest)
-    s = Scan(list(schema.names) if schema is not None else csv_table.column_names, pieces, rows, list(ops), coords,
-             conflicts, (top, longest), vpp_max=vpp_max)
+    s = Scan(list(schema.names) if schema is not None else csv_table.column_names, pieces, rows, list(ops), ops,
+             coords, conflicts, (top, longest), vpp_max=vpp_max)
     order = sorted(range(len(pieces)), key=lambda i: (pieces[i].lo, pieces[i].hi))
     s.pieces = [pieces[i] for i in order if pieces[i].rows]
     s.sorted_by_rank = all(a.hi <= b.lo for a, b in zip(s.pieces, s.pieces[1:]))
