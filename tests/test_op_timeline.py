@@ -239,3 +239,18 @@ def test_light_collector_writes_its_clock_pair():
     t = tl.table().to_pydict()
     assert t["host"] == [tl.host] and tl.host
     assert abs(t["clock_offset_ns"][0] - (time.time_ns() - time.perf_counter_ns())) < 50_000_000
+
+
+def test_steps_are_taken_as_given(tmp_path, store):
+    """An op timeline's step is the training loop's iteration on every rank: step_alignment keeps it
+    (no transfer is linked), even where a rank's numbers disagree with its peers'; a Kineto run's
+    steps are still aligned by their synchronisation points (tests/test_step_alignment_linear.py)."""
+    df = ta.open(store).analysis("step_alignment")
+    assert len(df) and (df.aligned_step == df.step).all()
+    shifted = _variant(tmp_path, "shifted.parquet",   # rank 3 numbers its iterations from 100
+                       lambda t: t.set_column(t.column_names.index("step"), "step", pa.compute.if_else(
+                           pa.compute.equal(t["rank"], 3), pa.compute.add(t["step"], 100), t["step"])))
+    ta.ingest([shifted], tmp_path / "s")
+    df = ta.open(tmp_path / "s").analysis("step_alignment")
+    assert (df.aligned_step == df.step).all()
+    assert df[df["rank"] == 3].step.min() == df[df["rank"] == 0].step.min() + 100

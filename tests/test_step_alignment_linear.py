@@ -95,6 +95,7 @@ def _connection(rnd: random.Random, hops: int):
                     comms.append((run, True, "send", "pp", None, a, b, 0, it, a, wa, s_step))
                     comms.append((run, True, "recv", "pp", None, a, b, 0, it, b, wb, r_step))
     con.executemany("INSERT INTO steps VALUES (?, ?, ?, ?)", steps)
+    con.execute("CREATE TABLE ranks AS SELECT DISTINCT run, rank, NULL::VARCHAR AS trace_meta_json FROM steps")  # Kineto's
     if comms:
         con.executemany("INSERT INTO comms VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", comms)
     return con
@@ -180,6 +181,7 @@ def test_links_by_group_are_the_links_by_transfer(seed):
     con.execute("CREATE TABLE comms (run VARCHAR, is_p2p BOOLEAN, op VARCHAR, pg_name VARCHAR, seq BIGINT, src_rank INTEGER, "
                 "dst_rank INTEGER, tag BIGINT, p2p_seq BIGINT, rank INTEGER, window_id INTEGER, step INTEGER)")
     con.executemany("INSERT INTO comms VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", _transfers(random.Random(seed)))
+    con.execute("CREATE TABLE ranks AS SELECT DISTINCT run, rank, NULL::VARCHAR AS trace_meta_json FROM comms")
     text = M.modules()["step_alignment"].text
     view = [s.query for s in con.extract_statements(text) if "VIEW step_alignment" in s.query][0]
     body = view[view.index("WITH RECURSIVE"):view.index("\nboth_ways AS")].rstrip().rstrip(",")

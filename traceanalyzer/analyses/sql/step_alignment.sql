@@ -19,7 +19,9 @@
 -- d: delta(w), by the shortest walk, is what to add to w's step numbers to get the numbering of its
 -- reference. Each set of windows with one reference is then shifted so that the most common delta
 -- of the set is 0: ranks that agree keep their numbers, the odd ones are renumbered.
--- Windows with no synchronisation point keep their own numbers. Note: gloo collectives joined
+-- Windows with no synchronisation point keep their own numbers, and so do the runs that are op
+-- timelines alone (ingest/op_timeline: their `step` is the training loop's iteration on every rank,
+-- as the format says; linking their millions of transfers would only confirm it). Note: gloo collectives joined
 -- without a Flight Recorder dump get their seq from the order in the window (seq_source =
 -- 'order'), which is itself only right when every rank's window starts at the same iteration.
 --
@@ -29,9 +31,13 @@
 -- on every rank).
 -- scope: align
 CREATE OR REPLACE TEMP VIEW step_alignment AS
-WITH RECURSIVE sync AS MATERIALIZED (  -- comms read once (a run of thousands of files: a scan is seconds)
+WITH RECURSIVE given AS (  -- runs of op timelines only: steps as given
+    SELECT run FROM ranks GROUP BY run
+    HAVING bool_and(coalesce(json_extract_string(trace_meta_json, '$.step_source') = 'op_timeline', false))
+),
+sync AS MATERIALIZED (  -- comms read once (a run of thousands of files: a scan is seconds)
     SELECT run, is_p2p, op, coalesce(pg_name, '?') AS pg, seq, src_rank, dst_rank, tag, p2p_seq, rank, window_id, step
-    FROM comms
+    FROM comms ANTI JOIN given USING (run)
     WHERE step IS NOT NULL AND (NOT is_p2p AND seq IS NOT NULL
                                 OR is_p2p AND op IN ('send', 'recv') AND src_rank IS NOT NULL AND dst_rank IS NOT NULL)
 ),
