@@ -31,13 +31,14 @@
 -- on every rank).
 -- scope: align
 CREATE OR REPLACE TEMP VIEW step_alignment AS
-WITH RECURSIVE given AS (  -- runs of op timelines only: steps as given
+WITH RECURSIVE aligned_runs AS (  -- all but the runs of op timelines only (their steps: as given)
     SELECT run FROM ranks GROUP BY run
-    HAVING bool_and(coalesce(json_extract_string(trace_meta_json, '$.step_source') = 'op_timeline', false))
+    HAVING NOT bool_and(coalesce(json_extract_string(trace_meta_json, '$.step_source') = 'op_timeline', false))
 ),
-sync AS MATERIALIZED (  -- comms read once (a run of thousands of files: a scan is seconds)
+sync AS MATERIALIZED (  -- comms read once (a run of thousands of files: a scan is seconds); a semi join, so
+    -- that nothing of them is read when no run needs them (an empty build side)
     SELECT run, is_p2p, op, coalesce(pg_name, '?') AS pg, seq, src_rank, dst_rank, tag, p2p_seq, rank, window_id, step
-    FROM comms ANTI JOIN given USING (run)
+    FROM comms SEMI JOIN aligned_runs USING (run)
     WHERE step IS NOT NULL AND (NOT is_p2p AND seq IS NOT NULL
                                 OR is_p2p AND op IN ('send', 'recv') AND src_rank IS NOT NULL AND dst_rank IS NOT NULL)
 ),
