@@ -195,3 +195,21 @@ def test_map_tasks_take_chunks_of_ranks(tmp_path_factory, monkeypatch):
     assert any("rank=3" in str(p) for p in (store / sm.FOLDER).rglob("*.parquet"))
     for k in together:
         pd.testing.assert_frame_equal(together[k], apart[k], check_exact=False, rtol=1e-9, obj=k)
+
+
+def test_saved_sums_keep_their_values(tmp_path):
+    """A view's HUGEINT sums are saved as BIGINT, or DECIMAL(38,0) when one does not fit, and read
+    back as HUGEINT with the same values."""
+    import duckdb
+
+    from traceanalyzer.analyses import summaries as sm
+    con = duckdb.connect()
+    con.execute("CREATE TABLE small AS SELECT 'r' AS run, sum(x)::HUGEINT AS n FROM range(10) t(x)")
+    con.execute("CREATE TABLE big AS SELECT 'r' AS run, (1::HUGEINT << 100) + 7 AS n")
+    for name, want in (("small", 45), ("big", (1 << 100) + 7)):
+        types = sm._write(con, name, tmp_path / f"{name}.parquet")
+        assert types == [["run", "VARCHAR"], ["n", "HUGEINT"]]
+        stored = con.execute(f"SELECT typeof(n) FROM read_parquet('{tmp_path / name}.parquet')").fetchone()[0]
+        assert stored == ("BIGINT" if name == "small" else "DECIMAL(38,0)")
+        got = con.execute(sm.select([str(tmp_path / f"{name}.parquet")], types)).fetchall()
+        assert got == [("r", want)]
