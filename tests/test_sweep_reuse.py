@@ -38,7 +38,8 @@ merged AS (
 running AS (
     SELECT run, rank, window_id, step, t AS lo_ns,
            lead(t) OVER w AS hi_ns,
-           sum(d_compute) OVER w AS n_compute, sum(d_comm) OVER w AS n_comm, sum(d_memory) OVER w AS n_memory
+           CAST(sum(d_compute) OVER w AS BIGINT) AS n_compute, CAST(sum(d_comm) OVER w AS BIGINT) AS n_comm,
+           CAST(sum(d_memory) OVER w AS BIGINT) AS n_memory
     FROM merged
     WINDOW w AS (PARTITION BY run, rank, window_id, step ORDER BY t ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)
 )
@@ -271,7 +272,7 @@ def test_numpy_views_of_no_rows_are_empty_tables_of_the_sqls_types():
     con.execute("CREATE TABLE activity_intervals (run VARCHAR, rank INTEGER, window_id INTEGER, step INTEGER, "
                 "category VARCHAR, lo_ns BIGINT, hi_ns BIGINT)")
     assert S.activity_segments(con) and S.exposed_islands(con)
-    for view, last in (("activity_segments", ("n_memory", "HUGEINT")), ("_exposed_islands", ("exposed_ns", "HUGEINT"))):
+    for view, last in (("activity_segments", ("n_memory", "BIGINT")), ("_exposed_islands", ("exposed_ns", "HUGEINT"))):
         assert con.execute(f"SELECT count(*) FROM {view}").fetchone()[0] == 0
         assert con.execute(f"DESCRIBE {view}").fetchall()[-1][:2] == last
 

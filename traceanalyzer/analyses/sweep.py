@@ -26,9 +26,8 @@ _SCHEMA = pa.schema([("run", pa.string()), ("rank", pa.int32()), ("window_id", p
                      ("lo_ns", pa.int64()), ("hi_ns", pa.int64()), ("dur_ns", pa.int64()), ("label", pa.string()),
                      ("n_compute", pa.int64()), ("n_comm", pa.int64()), ("n_memory", pa.int64())])
 
-#: the view's column types in SQL (the macro's: its counts are sums of INTEGER, so HUGEINT)
-_SELECT = ("SELECT run, rank, window_id, step, lo_ns, hi_ns, dur_ns, label, CAST(n_compute AS HUGEINT) AS n_compute, "
-           "CAST(n_comm AS HUGEINT) AS n_comm, CAST(n_memory AS HUGEINT) AS n_memory FROM {src}")
+#: the view's column types in SQL (the macro's: its counts are BIGINT)
+_SELECT = "SELECT * FROM {src}"
 
 #: _exposed_islands' column types in SQL (exposed_ns a sum of BIGINT, so HUGEINT)
 _ISLANDS_SELECT = ("SELECT CAST(run AS VARCHAR) AS run, CAST(rank AS INTEGER) AS rank, CAST(window_id AS INTEGER) AS window_id, "

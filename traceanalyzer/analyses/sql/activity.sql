@@ -28,7 +28,7 @@
 -- scope: rank
 CREATE OR REPLACE TEMP VIEW activity_intervals AS
 WITH gpu_windows AS (
-    SELECT DISTINCT run, rank, window_id FROM events WHERE kind IN ('compute_kernel', 'comm_kernel')
+    SELECT DISTINCT run, rank, window_id FROM events WHERE is_gpu AND kind IN ('compute_kernel', 'comm_kernel')
 ),
 runloop AS (SELECT run, rank, window_id, tid FROM threads WHERE name LIKE '%gloo_runloop%'),
 raw AS (
@@ -39,7 +39,7 @@ FROM events e SEMI JOIN gpu_windows g USING (run, rank, window_id)
 -- a communication kernel is the execution of its comms row (NCCL/RCCL: exec_event_id is the kernel)
 LEFT JOIN comms c ON e.kind = 'comm_kernel' AND c.run = e.run AND c.rank = e.rank AND c.window_id = e.window_id
      AND c.exec_event_id = e.event_id AND c.on_gpu
-WHERE e.kind IN ('compute_kernel', 'comm_kernel', 'memcpy', 'memset') AND e.dur_ns > 0
+WHERE e.is_gpu AND e.kind IN ('compute_kernel', 'comm_kernel', 'memcpy', 'memset') AND e.dur_ns > 0
 UNION ALL
 SELECT e.run, e.rank, e.window_id, e.step, 'compute', e.ts_ns, e.ts_ns + e.dur_ns, e.name, NULL
 FROM events e ANTI JOIN gpu_windows g USING (run, rank, window_id)
@@ -50,7 +50,10 @@ SELECT c.run, c.rank, c.window_id, coalesce(e.step, c.step), 'comm', c.start_ts_
 FROM comms c
 LEFT JOIN events e ON e.run = c.run AND e.rank = c.rank AND e.window_id = c.window_id AND e.event_id = c.exec_event_id
 LEFT JOIN gpu_windows g ON g.run = c.run AND g.rank = c.rank AND g.window_id = c.window_id
-WHERE c.dur_ns > 0 AND NOT c.on_gpu AND (g.run IS NULL OR c.dialect = 'gloo')
+WHERE c.dur_ns > 0 AND NOT c.on_gpu AND (g.run IS NULL OR c.dialect = 'gloo') AND c.dialect IS DISTINCT FROM 'op_timeline'
+UNION ALL  -- an op timeline's comm is its own event, of its step: no join (half of this view's time there)
+SELECT run, rank, window_id, step, 'comm', start_ts_ns, end_ts_ns, exec_name, comm_id
+FROM comms WHERE dur_ns > 0 AND NOT on_gpu AND dialect = 'op_timeline'
 )
 SELECT r.run, r.rank, r.window_id, coalesce(sa.aligned_step, r.step) AS step, r.category, r.lo_ns, r.hi_ns, r.name, r.comm_id
 FROM raw r LEFT JOIN step_alignment sa USING (run, rank, window_id, step);
@@ -80,7 +83,8 @@ running AS (
     SELECT run, rank, window_id, step, t AS lo_ns,
            CASE WHEN lead(run) OVER w = run AND lead(rank) OVER w = rank AND lead(window_id) OVER w = window_id
                      AND lead(step) OVER w IS NOT DISTINCT FROM step THEN lead(t) OVER w END AS hi_ns,
-           sum(d_compute) OVER w AS n_compute, sum(d_comm) OVER w AS n_comm, sum(d_memory) OVER w AS n_memory
+           CAST(sum(d_compute) OVER w AS BIGINT) AS n_compute, CAST(sum(d_comm) OVER w AS BIGINT) AS n_comm,
+           CAST(sum(d_memory) OVER w AS BIGINT) AS n_memory   -- counts: BIGINT, not the sums' HUGEINT (float in pandas)
     FROM deltas   -- not merged per timestamp first: a GROUP BY over every delta cost more than the
                   -- zero-length segments it saves (1.55-2.12 against 1.35-1.58 CPU s, 0.95 M intervals)
     WINDOW w AS (ORDER BY run, rank, window_id, step, t ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)

@@ -16,7 +16,7 @@ SELECT g.run, g.rank, g.window_id, g.stream, g.name, g.kind, g.ts_ns, g.dur_ns,
 FROM events g
 JOIN events r ON r.run = g.run AND r.rank = g.rank AND r.window_id = g.window_id
      AND r.correlation = g.correlation AND r.kind IN ('runtime', 'sync') AND NOT r.is_gpu
-WHERE g.kind IN ('compute_kernel', 'comm_kernel', 'memcpy', 'memset');
+WHERE g.is_gpu AND g.kind IN ('compute_kernel', 'comm_kernel', 'memcpy', 'memset');
 
 -- CPU/GPU clock offset per rank, from the launches alone. The GPU starts a launched op within
 -- microseconds whenever its queue is empty, so over a rank's launches the quickest start is ~0 (or

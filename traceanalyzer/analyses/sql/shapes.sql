@@ -10,11 +10,13 @@
 -- scope: rank
 CREATE OR REPLACE TEMP VIEW _op_shapes AS
 WITH gpu_windows AS (  -- compute there is kernels (activity.sql), which carry no shapes: nothing to read
-    SELECT DISTINCT run, rank, window_id FROM events WHERE kind IN ('compute_kernel', 'comm_kernel')
+    SELECT DISTINCT run, rank, window_id FROM events WHERE is_gpu AND kind IN ('compute_kernel', 'comm_kernel')
 ),
-shaped AS (  -- (a CASE, not a filter: the JSON is read only outside GPU windows)
+shaped AS (  -- (a CASE, not a filter: the JSON is read only outside GPU windows, and only where its
+    -- text names the key: an op timeline's args never do, and parsing them was most of this view)
     SELECT e.run, e.rank, e.window_id, e.step, e.name,
-           CASE WHEN g.rank IS NULL THEN json_extract_string(e.args_json, '$."Input Dims"') END AS input_dims
+           CASE WHEN g.rank IS NULL AND contains(e.args_json, 'Input Dims')
+                THEN json_extract_string(e.args_json, '$."Input Dims"') END AS input_dims
     FROM events e LEFT JOIN gpu_windows g USING (run, rank, window_id)
     WHERE e.ph = 'X' AND e.kind = 'cpu_op' AND e.step IS NOT NULL
 )
