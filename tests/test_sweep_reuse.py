@@ -133,6 +133,11 @@ def test_sweep_same_rows_as_the_partitioned_sweep_of_every_interval(seed):
     assert _same(con, "SELECT * FROM activity_segments", "SELECT * FROM spec_sweep(true)") == 0
     # what the view adds up: the sums of the window's sweep, per window
     assert con.execute("SELECT * FROM _activity_window_sums ORDER BY ALL").fetchall() == _window_sums(con)
+    # the islands of several steps swept in numpy (what bind makes _activity_several_segments with): the SQL's rows
+    from traceanalyzer.analyses import sweep as S
+    assert S._swept(con, "np_several", "_activity_several")
+    assert con.execute("SELECT count(*) FROM np_several").fetchone()[0] > 0
+    assert _same(con, "SELECT * FROM np_several", "SELECT * FROM _activity_several_segments") == 0
 
 
 def _busy(rnd: random.Random) -> list[tuple]:
@@ -262,6 +267,9 @@ def test_bind_makes_the_numpy_views_with_the_sqls_rows_on_real_runs(tmp_path, ru
     assert _same(con, "SELECT * FROM activity_segments", "SELECT * FROM sql_segments") == 0
     assert con.execute("SELECT count(*) FROM _exposed_islands").fetchone()[0] > 0
     assert _same(con, "SELECT * FROM _exposed_islands", "SELECT * FROM sql_islands") == 0
+    M.bind(con, ["activity"])
+    con.execute("CREATE TEMP TABLE sql_several AS SELECT * FROM _activity_sweep('_activity_several', true)")
+    assert _same(con, "SELECT * FROM _activity_several_segments", "SELECT * FROM sql_several") == 0
 
 
 def test_numpy_views_of_no_rows_are_empty_tables_of_the_sqls_types():

@@ -166,11 +166,22 @@ def _save(con, view: str, out: pa.Table | None, select: str) -> bool:
     return True
 
 
+def _swept(con, view: str, source: str) -> bool:
+    """Make ``view``, ``_activity_sweep(source, true)`` (activity.sql), in ``con`` as a temporary table;
+    False (nothing made) when :func:`sweep` cannot: the caller runs the SQL."""
+    tbl = con.sql(f"SELECT run, rank, window_id, step, category, lo_ns, hi_ns FROM {source}").to_arrow_table()
+    return _save(con, view, sweep(tbl, per_step=True), _SELECT)
+
+
 def activity_segments(con) -> bool:
-    """Make ``activity_segments`` (activity.sql) in ``con`` as a temporary table from
-    ``activity_intervals``; False (nothing made) when :func:`sweep` cannot: the caller runs the SQL."""
-    tbl = con.sql("SELECT run, rank, window_id, step, category, lo_ns, hi_ns FROM activity_intervals").to_arrow_table()
-    return _save(con, "activity_segments", sweep(tbl, per_step=True), _SELECT)
+    """``activity_segments`` (activity.sql) from ``activity_intervals`` (:func:`_swept`)."""
+    return _swept(con, "activity_segments", "activity_intervals")
+
+
+def several_segments(con) -> bool:
+    """``_activity_several_segments`` (activity.sql: the islands of several steps, each swept as one)
+    from ``_activity_several`` (:func:`_swept`)."""
+    return _swept(con, "_activity_several_segments", "_activity_several")
 
 
 def islands(tbl: pa.Table) -> pa.Table | None:
@@ -210,4 +221,5 @@ def exposed_islands(con) -> bool:
 
 
 #: view -> the function that makes it in a connection (returns False to have the SQL run instead)
-COMPUTED = {"activity_segments": activity_segments, "_exposed_islands": exposed_islands}
+COMPUTED = {"activity_segments": activity_segments, "_activity_several_segments": several_segments,
+            "_exposed_islands": exposed_islands}

@@ -139,13 +139,13 @@ FROM activity_intervals WHERE step IS NOT NULL GROUP BY ALL;
 -- sweep of that island's intervals alone (the deltas of every earlier step sum to zero), with idle
 -- segments between the islands. A one-step island's sweep is that step's activity_segments, whose
 -- sums _activity_steps holds; only islands of several overlapping steps (GPU work of step N under step
--- N+1's, an op timeline's steps that overlap by a nanosecond) are swept again (CTE several_segments) and
--- added up the same way (_segment_sums).
--- Columns: run, rank, window_id, lo_ns, hi_ns (the first and last segment's ends), comm_ns (time with
--- communication active), overlapped_ns (communication and compute active), and the time labelled
--- compute_label_ns, comm_label_ns (exposed communication), memory_label_ns, idle_label_ns.
+-- N+1's, an op timeline's steps that overlap by a nanosecond) are swept again
+-- (_activity_several_segments, in numpy like activity_segments) and added up the same way (_segment_sums).
+
+-- Each step of a window with its island. Columns: run, rank, window_id, step, island (1, 2, ... in time
+-- order), n_steps (of its island), t0, t1 (the island's span).
 -- scope: rank
-CREATE OR REPLACE TEMP VIEW _activity_window_sums AS
+CREATE OR REPLACE TEMP VIEW _activity_islands AS
 WITH spans AS (
     SELECT run, rank, window_id, step, least(min(lo_ns), min(hi_ns)) AS t0, greatest(max(lo_ns), max(hi_ns)) AS t1
     FROM activity_intervals GROUP BY ALL
@@ -156,30 +156,41 @@ ordered AS (
     FROM spans
 ),
 islanded AS (
-    SELECT *, sum(CASE WHEN prev_t1 IS NULL OR t0 >= prev_t1 THEN 1 ELSE 0 END)
-                  OVER (PARTITION BY run, rank, window_id ORDER BY t0, t1, step NULLS FIRST ROWS UNBOUNDED PRECEDING) AS island
+    SELECT *, CAST(sum(CASE WHEN prev_t1 IS NULL OR t0 >= prev_t1 THEN 1 ELSE 0 END)
+                  OVER (PARTITION BY run, rank, window_id ORDER BY t0, t1, step NULLS FIRST ROWS UNBOUNDED PRECEDING)
+                   AS INTEGER) AS island
     FROM ordered
-),
-islands AS (
-    SELECT run, rank, window_id, island, count(*) AS n_steps, min(t0) AS t0, max(t1) AS t1 FROM islanded GROUP BY ALL
-),
-steps AS (SELECT s.run, s.rank, s.window_id, s.step, s.island, i.n_steps
-          FROM islanded s JOIN islands i USING (run, rank, window_id, island)),
-several AS (  -- the intervals of islands of several steps, the island in place of the step
-    SELECT a.run, a.rank, a.window_id, s.island AS step, a.category, a.lo_ns, a.hi_ns
-    FROM activity_intervals a JOIN steps s
-      ON s.run = a.run AND s.rank = a.rank AND s.window_id = a.window_id AND s.step IS NOT DISTINCT FROM a.step
-    WHERE s.n_steps > 1
-),
-several_segments AS (SELECT * FROM _activity_sweep(several, true)),
+)
+SELECT run, rank, window_id, step, island, count(*) OVER i AS n_steps, min(t0) OVER i AS t0, max(t1) OVER i AS t1
+FROM islanded WINDOW i AS (PARTITION BY run, rank, window_id, island);
+
+-- The intervals of islands of several steps, the island in place of the step. Columns: those of
+-- activity_intervals that _activity_sweep reads.
+-- scope: rank
+CREATE OR REPLACE TEMP VIEW _activity_several AS
+SELECT a.run, a.rank, a.window_id, s.island AS step, a.category, a.lo_ns, a.hi_ns
+FROM activity_intervals a JOIN _activity_islands s
+  ON s.run = a.run AND s.rank = a.rank AND s.window_id = a.window_id AND s.step IS NOT DISTINCT FROM a.step
+WHERE s.n_steps > 1;
+
+-- Their sweep, island by island (step: the island). Columns: those of activity_segments.
+-- scope: rank
+CREATE OR REPLACE TEMP VIEW _activity_several_segments AS SELECT * FROM _activity_sweep('_activity_several', true);
+
+-- Columns: run, rank, window_id, lo_ns, hi_ns (the first and last segment's ends), comm_ns (time with
+-- communication active), overlapped_ns (communication and compute active), and the time labelled
+-- compute_label_ns, comm_label_ns (exposed communication), memory_label_ns, idle_label_ns.
+-- scope: rank
+CREATE OR REPLACE TEMP VIEW _activity_window_sums AS
+WITH islands AS (SELECT DISTINCT run, rank, window_id, island, t0, t1 FROM _activity_islands),
 parts AS (  -- per window: its one-step islands' sums, its swept islands' sums, the idle between islands
     SELECT a.run, a.rank, a.window_id, a.lo_ns, a.hi_ns, a.comm_ns, a.overlapped_ns, a.compute_ns, a.exposed_ns,
            a.memory_ns, a.idle_ns
-    FROM _activity_steps a SEMI JOIN steps s
+    FROM _activity_steps a SEMI JOIN _activity_islands s
       ON s.run = a.run AND s.rank = a.rank AND s.window_id = a.window_id AND s.step IS NOT DISTINCT FROM a.step
      AND s.n_steps = 1
     UNION ALL
-    SELECT * EXCLUDE (step) FROM _segment_sums(several_segments)
+    SELECT * EXCLUDE (step) FROM _segment_sums('_activity_several_segments')
     UNION ALL  -- between islands: nothing active
     SELECT run, rank, window_id, prev_t1, t0, NULL, NULL, NULL, NULL, NULL, t0 - prev_t1
     FROM (SELECT *, lag(t1) OVER (PARTITION BY run, rank, window_id ORDER BY island) AS prev_t1 FROM islands)
