@@ -388,3 +388,60 @@ def test_bind_makes_p2p_islands_with_the_sqls_rows_on_real_pipelines(tmp_path, r
     _sql_islands(con)
     assert con.execute("SELECT count(*) FROM sql_islands").fetchone()[0] > 20
     assert _same(con, "SELECT * FROM _pipeline_p2p_islands", "SELECT * FROM sql_islands") == 0
+    view = [s.query for s in con.extract_statements(M.modules()["pipeline_gaps"].text) if "VIEW _pipeline_gaps" in s.query][0]
+    con.execute(view.replace("CREATE OR REPLACE TEMP VIEW _pipeline_gaps", "CREATE TEMP VIEW sql_gaps"))
+    assert con.execute("SELECT count(*) FROM sql_gaps WHERE kind = 'gap'").fetchone()[0] > 20
+    assert _same(con, "SELECT * FROM _pipeline_gaps", "SELECT * FROM sql_gaps") == 0   # (numpy too)
+
+
+# -- pipeline_gaps.sql's _pipeline_gaps in numpy (analyses/pipeline_sweep.py) -------------------------
+
+def _busy(rnd: random.Random, two_spans: bool = False) -> list[tuple]:
+    """Busy segments per run, rank and step: overlapping, nested, touching, apart, tied starts, equal
+    rows; each step one span (s0, s1) around them, or two (two windows of one aligned step)."""
+    rows = []
+    for run in ("a", "b"):
+        for rank in range(rnd.randrange(1, 4)):
+            for step in range(rnd.randrange(1, 4)):
+                s0 = rnd.randrange(0, 100) + 1000 * step
+                t = s0 + rnd.randrange(0, 5)
+                spans = [(s0, s0 + 900)] + ([(s0 - 1, s0 + 950)] if two_spans and step == 0 else [])
+                for _ in range(rnd.randrange(1, 12)):
+                    lo = t + rnd.choice([0, 0, 1, 5, -3, 20])
+                    hi = lo + rnd.randrange(1, 30)
+                    rows.append((run, rank, step, *rnd.choice(spans), lo, hi))
+                    if rnd.random() < 0.1:
+                        rows.append(rows[-1])
+                    t = rnd.choice([lo, hi, hi + rnd.randrange(1, 10), hi + rnd.randrange(1, 10)])
+    return rows
+
+
+def _gaps_con(rows):
+    con = duckdb.connect()
+    con.execute("CREATE TABLE _pipeline_busy (run VARCHAR, rank INTEGER, step INTEGER, s0 BIGINT, s1 BIGINT, "
+                "lo_ns BIGINT, hi_ns BIGINT)")
+    if rows:
+        con.executemany("INSERT INTO _pipeline_busy VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
+    view = [s.query for s in con.extract_statements(M.modules()["pipeline_gaps"].text) if "VIEW _pipeline_gaps" in s.query][0]
+    con.execute(view.replace("CREATE OR REPLACE TEMP VIEW _pipeline_gaps", "CREATE TEMP VIEW sql_gaps"))
+    return con
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_numpy_pipeline_gaps_same_rows_as_the_sql(seed):
+    """pipeline_sweep.gaps gives the SQL's rows and types: warmup, cooldown and the gaps between the
+    merged busy segments of each (run, rank, step)."""
+    from traceanalyzer.analyses import pipeline_sweep as P
+    con = _gaps_con(_busy(random.Random(seed)))
+    assert P.pipeline_gaps(con)
+    assert con.execute("SELECT count(*) FROM sql_gaps WHERE kind = 'gap'").fetchone()[0] > 3
+    assert _same(con, "SELECT * FROM _pipeline_gaps", "SELECT * FROM sql_gaps") == 0
+
+
+def test_numpy_pipeline_gaps_leave_two_spans_of_a_step_to_the_sql():
+    from traceanalyzer.analyses import pipeline_sweep as P
+    assert not P.pipeline_gaps(_gaps_con(_busy(random.Random(1), two_spans=True)))
+    con = _gaps_con([])
+    assert P.pipeline_gaps(con)
+    assert con.execute("SELECT count(*) FROM _pipeline_gaps").fetchone()[0] == 0
+    assert con.execute("DESCRIBE _pipeline_gaps").fetchall() == con.execute("DESCRIBE sql_gaps").fetchall()

@@ -1,11 +1,17 @@
-"""pipeline_gaps.sql's ``_pipeline_p2p_islands`` computed in numpy (issue 17: the pipeline views
-were the map's largest cost on op timelines of thousands of ranks).
+"""pipeline_gaps.sql's ``_pipeline_gaps`` and ``_pipeline_p2p_islands`` computed in numpy (issue 17:
+the pipeline views were the map's largest cost on op timelines of thousands of ranks).
 
 The SQL stays the definition (``tests/test_sweep_reuse.py`` compares the two on random gaps and
 calls and on shipped pipeline runs); :func:`.modules.bind` makes the view with
 :func:`pipeline_p2p_islands` unless it declines (returns False), as for :mod:`.sweep`'s views.
 
-The SQL joins every pending send or receive of a rank with the steps, then the gaps, it overlaps
+``_pipeline_gaps``: the SQL merges each (run, rank, step)'s busy segments with a window (a running max
+of their ends in (start, end) order); here one ``lexsort`` and one running max over the segments, each
+partition's ends shifted above the earlier partitions' so that the max restarts at each. It declines a
+partition with two step spans (two windows of one aligned step: the SQL's warmup and cooldown rows per
+span) and keys or times that do not pack.
+
+``_pipeline_p2p_islands``: the SQL joins every pending send or receive of a rank with the steps, then the gaps, it overlaps
 (an ASOF join for a send's next call, two range joins) and merges the charged parts of each gap
 into islands with a window. Here, per (run, rank), the gaps are disjoint and sorted by time, so the
 gaps one call overlaps are a range found by two ``searchsorted``; a send's next call is one more;
@@ -153,5 +159,59 @@ def pipeline_p2p_islands(con) -> bool:
     return _save(con, "_pipeline_p2p_islands", out, _SELECT)
 
 
+_GAPS_SELECT = ("SELECT CAST(run AS VARCHAR) AS run, CAST(rank AS INTEGER) AS rank, CAST(step AS INTEGER) AS step, "
+                "kind, lo_ns, hi_ns FROM {src}")
+
+
+def gaps(busy: pa.Table) -> pa.Table | None:
+    """``_pipeline_gaps`` over an Arrow table of ``_pipeline_busy`` (run, rank, step, s0, s1, lo_ns,
+    hi_ns); None when it cannot (NULLs, a partition with two step spans, keys or times that do not pack)."""
+    n = busy.num_rows
+    if n == 0:
+        return pa.table({"run": pa.array([], pa.string()), "rank": pa.array([], pa.int32()),
+                         "step": pa.array([], pa.int32()), "kind": pa.array([], pa.string()),
+                         "lo_ns": pa.array([], pa.int64()), "hi_ns": pa.array([], pa.int64())})
+    if any(busy.column(c).null_count for c in ("step", "s0", "s1", "lo_ns", "hi_ns")):
+        return None
+    packed = _partition_key([busy.column(c) for c in ("run", "rank", "step")])
+    if packed is None:
+        return None
+    key = packed[0]
+    s0, s1, lo, hi = (_i64(busy.column(c)) for c in ("s0", "s1", "lo_ns", "hi_ns"))
+    order = np.lexsort((hi, lo, key))
+    key, s0, s1, lo, hi = key[order], s0[order], s1[order], lo[order], hi[order]
+    first = np.ones(n, bool)
+    first[1:] = key[1:] != key[:-1]
+    heads = np.flatnonzero(first)
+    part = np.cumsum(first) - 1
+    if (s0 != s0[heads][part]).any() or (s1 != s1[heads][part]).any():
+        return None
+    base = lo[heads][part]                        # the partition's first start (its smallest)
+    rel = hi - base
+    span = int(rel.max()) + 1
+    if rel.min() < 0 or len(heads) * span >= 1 << 62:
+        return None
+    shift = part * span                           # every partition's ends above the earlier ones'
+    ends_max = np.maximum.accumulate(rel + shift) - shift + base
+    prev = np.r_[0, ends_max[:-1]]                # the max end of the earlier segments of its partition
+    gap = np.flatnonzero(~first & (lo > prev))
+    last = np.r_[heads[1:], n] - 1
+    src = pa.array(np.concatenate([order[heads], order[heads], order[gap]]))
+    kind = np.repeat(np.array([0, 1, 2], np.int8), [len(heads), len(heads), len(gap)])
+    return pa.Table.from_arrays(
+        [busy.column("run").take(src), busy.column("rank").take(src), busy.column("step").take(src),
+         pa.DictionaryArray.from_arrays(pa.array(kind), pa.array(["warmup", "cooldown", "gap"])).cast(pa.string()),
+         pa.array(np.concatenate([s0[heads], ends_max[last], prev[gap]]), pa.int64()),
+         pa.array(np.concatenate([lo[heads], s1[heads], lo[gap]]), pa.int64())],
+        names=["run", "rank", "step", "kind", "lo_ns", "hi_ns"])
+
+
+def pipeline_gaps(con) -> bool:
+    """Make ``_pipeline_gaps`` (pipeline_gaps.sql) in ``con`` from ``_pipeline_busy``; False (nothing
+    made) when :func:`gaps` cannot: the caller runs the SQL."""
+    busy = con.sql("SELECT run, rank, step, s0, s1, lo_ns, hi_ns FROM _pipeline_busy").to_arrow_table()
+    return _save(con, "_pipeline_gaps", gaps(busy), _GAPS_SELECT)
+
+
 #: view -> the function that makes it in a connection (returns False to have the SQL run instead)
-COMPUTED = {"_pipeline_p2p_islands": pipeline_p2p_islands}
+COMPUTED = {"_pipeline_gaps": pipeline_gaps, "_pipeline_p2p_islands": pipeline_p2p_islands}

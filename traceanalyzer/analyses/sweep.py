@@ -154,15 +154,15 @@ def _times(tbl: pa.Table) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _save(con, view: str, out: pa.Table | None, select: str) -> bool:
-    """Make ``view`` in ``con`` as a temporary table of ``select`` over ``out`` (``{src}``, the
-    view's column types); False (nothing made) when ``out`` is None."""
+    """Make ``view`` in ``con`` as a temporary view of ``select`` (the view's column types) over
+    ``out``, registered in ``con`` (``{src}``: the connection holds it as long as the view); False
+    (nothing made) when ``out`` is None. A view, not a table: DuckDB scans the Arrow columns about
+    as fast as its own (0.28 against 0.27 CPU s for three scans of 3 M segments), and copying them
+    into a table cost 0.55 s."""
     if out is None:
         return False
-    con.register("_ta_numpy", out)
-    try:
-        con.execute(f"CREATE OR REPLACE TEMP TABLE {view} AS " + select.format(src="_ta_numpy"))
-    finally:
-        con.unregister("_ta_numpy")
+    con.register(f"_ta_np_{view}", out)
+    con.execute(f"CREATE OR REPLACE TEMP VIEW {view} AS " + select.format(src=f"_ta_np_{view}"))
     return True
 
 

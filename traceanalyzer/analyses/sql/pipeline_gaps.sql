@@ -9,17 +9,22 @@
 --
 -- requires: activity, clock_offsets, collectives, intervals, pipelines, step_alignment
 
+-- The compute of a rank that sends or receives point to point, inside its (aligned) step: the segments
+-- with compute active. Columns: run, rank, step, s0, s1 (the step's start and end), lo_ns, hi_ns.
+-- scope: rank
+CREATE OR REPLACE TEMP VIEW _pipeline_busy AS
+SELECT a.run, a.rank, s.aligned_step AS step, s.start_ts_ns AS s0, s.end_ts_ns AS s1, a.lo_ns, a.hi_ns
+FROM activity_segments a JOIN _aligned_steps s
+  ON s.run = a.run AND s.rank = a.rank AND s.window_id = a.window_id AND s.aligned_step = a.step
+SEMI JOIN (SELECT DISTINCT run, rank FROM comms WHERE is_p2p) p ON p.run = a.run AND p.rank = a.rank
+WHERE a.n_compute > 0;
+
 -- Idle stretches: before the rank's first compute of the step (warmup), after its last (cooldown), and
 -- the gaps between its merged compute. Columns: run, rank, step, kind (warmup/cooldown/gap), lo_ns, hi_ns.
+-- (Made in numpy, pipeline_sweep.py, unless it declines.)
 -- scope: rank
 CREATE OR REPLACE TEMP VIEW _pipeline_gaps AS
-WITH busy AS (  -- merged compute of the rank inside its step
-    SELECT a.run, a.rank, s.aligned_step AS step, s.start_ts_ns AS s0, s.end_ts_ns AS s1, a.lo_ns, a.hi_ns
-    FROM activity_segments a JOIN _aligned_steps s
-      ON s.run = a.run AND s.rank = a.rank AND s.window_id = a.window_id AND s.aligned_step = a.step
-    SEMI JOIN (SELECT DISTINCT run, rank FROM comms WHERE is_p2p) p ON p.run = a.run AND p.rank = a.rank
-    WHERE a.n_compute > 0
-),
+WITH busy AS (SELECT * FROM _pipeline_busy),
 ordered AS (  -- the busy time merged (intervals.sql's rule, one window): a segment that starts after every
     -- earlier one of its step ended opens a new busy stretch; the idle gap before it runs from that end
     SELECT *, max(hi_ns) OVER (PARTITION BY run, rank, step ORDER BY lo_ns, hi_ns
