@@ -408,8 +408,9 @@ def _parse_all(files: list[Path], rank: int | None, staging: Path, workers: int 
 
 def _op_timeline_parts(path: str, opts: dict, n: int) -> list[dict]:
     """The tasks' options for one input: a large op timeline (one file of every rank, or the light
-    collector's per-rank files, over SMALL_INPUT_BYTES) is scanned here once and converted in up to ``n`` parts of whole ranks, one
-    task each (its conversion and writes are ~95 % of its ingest); anything else is one task."""
+    collector's per-rank files, over SMALL_INPUT_BYTES) is scanned here once and converted in up to
+    ``n`` parts of whole ranks, one task each (its conversion and writes are ~95 % of its ingest);
+    anything else is one task."""
     from .nsys import looks_like_sqlite
     from .op_timeline import RANK_FILES, is_op_timeline, is_rank_files, parts, plan
     if is_rank_files(path):  # the light collector's per-rank files of one run, read together

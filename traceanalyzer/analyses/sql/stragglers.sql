@@ -174,18 +174,25 @@ counted AS (
            rank() OVER (PARTITION BY run, step, phase ORDER BY ns NULLS LAST) - 1 AS below  -- known values < ns
     FROM long
 ),
-known AS (SELECT run, step, phase, list(ns ORDER BY ns) FILTER (WHERE ns IS NOT NULL) AS v FROM long GROUP BY ALL),
+known AS (  -- of the group's L known values in order (v), the five a median of the others can need:
+    -- m = L - 1 others (the rank's own value known): v at (L-2)//2 + 1, + 2 and (L-1)//2 + 1, + 2;
+    -- m = L (its own value unknown): v at (L-1)//2 + 1 and L//2 + 1. Scalars, not the list: every rank
+    -- joined to its group's list of thousands of values ran out of memory under the reduce's cap.
+    SELECT run, step, phase, len(v) AS n_v, v[(len(v) - 2) // 2 + 1] AS a1, v[(len(v) - 2) // 2 + 2] AS a2,
+           v[(len(v) - 1) // 2 + 1] AS b1, v[(len(v) - 1) // 2 + 2] AS b2, v[len(v) // 2 + 1] AS c1
+    FROM (SELECT run, step, phase, list(ns ORDER BY ns) FILTER (WHERE ns IS NOT NULL) AS v FROM long GROUP BY ALL)
+),
 loo AS (  -- a rank with one row: the median of the others from the sorted values without its own
     -- (linear: a self-join of every rank with every other is quadratic in the ranks)
-    SELECT c.run, c.rank, c.step, c.phase, c.ns, c.below, coalesce(k.v, []) AS v,
-           len(coalesce(k.v, [])) - CASE WHEN c.ns IS NULL THEN 0 ELSE 1 END AS m
+    SELECT c.run, c.rank, c.step, c.phase, c.ns, c.below, k.a1, k.a2, k.b1, k.b2, k.c1,
+           coalesce(k.n_v, 0) - CASE WHEN c.ns IS NULL THEN 0 ELSE 1 END AS m
     FROM counted c LEFT JOIN known k USING (run, step, phase)
     WHERE c.n_own = 1 AND c.n_group > 1
 ),
-pos AS (
+pos AS (  -- v[(m - 1) // 2 + 1 or + 2] and v[m // 2 + 1 or + 2], from the five above
     SELECT *, (m - 1) // 2 AS k1,  -- the median is at (m - 1) / 2 of the m others: between k1 and m // 2
-           CASE WHEN ns IS NULL OR (m - 1) // 2 < below THEN v[(m - 1) // 2 + 1] ELSE v[(m - 1) // 2 + 2] END AS lo,
-           CASE WHEN ns IS NULL OR m // 2 < below THEN v[m // 2 + 1] ELSE v[m // 2 + 2] END AS hi
+           CASE WHEN ns IS NULL THEN b1 WHEN (m - 1) // 2 < below THEN a1 ELSE a2 END AS lo,
+           CASE WHEN ns IS NULL THEN c1 WHEN m // 2 < below THEN b1 ELSE b2 END AS hi
     FROM loo
 ),
 others AS (
