@@ -50,11 +50,13 @@ ENTRY = "summaries"
 FOLDER = "_summaries"
 #: DuckDB memory of the driver's connections (align, reduce; bytes): above it, their operators and
 #: temporary tables spill to a work folder of the store (:func:`limit_memory`), so the driver's
-#: memory does not grow with the rank count (issue 18). The driver's peak is about this plus
-#: ~0.2-0.3 GB (0.44 / 0.49 / 0.55 GB at 128 / 512 / 1,024 ranks; 0.51 / 1.34 / 2.57 GB without a
-#: cap); spilling costs up to ~20 % more CPU at 1,024 ranks (benchmarks/RESULTS.md). A setting of
+#: memory does not grow with the rank count (issue 18). The driver's peak is at most about this plus
+#: ~0.3 GB (with 256 MiB: 0.44 / 0.49 / 0.55 GB at 128 / 512 / 1,024 ranks; 0.51 / 1.34 / 2.57 GB
+#: without a cap). 1 GiB since session 29: at 8,192 op-timeline ranks, 256 MiB made `p2p_transfers`
+#: spill (165 s wall against 115 under 1 GiB) and ran out of memory (a retry with the cap doubled);
+#: the map's processes are gone by the reduce, so the run's peak stays that of the map. A setting of
 #: that connection's own database, never process-global; 0: no cap (DuckDB's default, 80 % of RAM).
-REDUCE_MEMORY_BYTES = 256 << 20
+REDUCE_MEMORY_BYTES = 1 << 30
 #: public rank views the map does not save: ``activity_intervals`` has a row per operation and no view
 #: of the reduce reads it (they read its sums per step and per op, ``_activity_steps`` and
 #: ``_activity_ops``); writing it cost ~4 % of analyze at 2,048 op-timeline ranks. A query of it after
