@@ -1,9 +1,9 @@
 """pipeline_gaps.sql's ``_pipeline_gaps`` and ``_pipeline_p2p_islands`` computed in numpy (issue 17:
 the pipeline views were the map's largest cost on op timelines of thousands of ranks).
 
-The SQL stays the definition (``tests/test_sweep_reuse.py`` compares the two on random gaps and
-calls and on shipped pipeline runs); :func:`.modules.bind` makes the view with
-:func:`pipeline_p2p_islands` unless it declines (returns False), as for :mod:`.sweep`'s views.
+The SQL stays the definition (``tests/test_sweep_reuse.py`` compares the two on random input and on
+shipped pipeline runs); :func:`.modules.bind` makes the views with :func:`pipeline_gaps` and
+:func:`pipeline_p2p_islands` unless they decline (return False), as for :mod:`.sweep`'s views.
 
 ``_pipeline_gaps``: the SQL merges each (run, rank, step)'s busy segments with a window (a running max
 of their ends in (start, end) order); here one ``lexsort`` and one running max over the segments, each
@@ -11,8 +11,8 @@ partition's ends shifted above the earlier partitions' so that the max restarts 
 partition with two step spans (two windows of one aligned step: the SQL's warmup and cooldown rows per
 span) and keys or times that do not pack.
 
-``_pipeline_p2p_islands``: the SQL joins every pending send or receive of a rank with the steps, then the gaps, it overlaps
-(an ASOF join for a send's next call, two range joins) and merges the charged parts of each gap
+``_pipeline_p2p_islands``: the SQL joins every pending send or receive of a rank with the steps, then
+the gaps, it overlaps (an ASOF join for a send's next call, two range joins) and merges the charged parts of each gap
 into islands with a window. Here, per (run, rank), the gaps are disjoint and sorted by time, so the
 gaps one call overlaps are a range found by two ``searchsorted``; a send's next call is one more;
 the islands are one running max over the parts sorted by (gap, start). Input it cannot take so

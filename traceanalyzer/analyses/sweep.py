@@ -167,7 +167,7 @@ def _save(con, view: str, out: pa.Table | None, select: str) -> bool:
 
 
 def _swept(con, view: str, source: str) -> bool:
-    """Make ``view``, ``_activity_sweep(source, true)`` (activity.sql), in ``con`` as a temporary table;
+    """Make ``view``, ``_activity_sweep(source, true)`` (activity.sql), in ``con`` (:func:`_save`);
     False (nothing made) when :func:`sweep` cannot: the caller runs the SQL."""
     tbl = con.sql(f"SELECT run, rank, window_id, step, category, lo_ns, hi_ns FROM {source}").to_arrow_table()
     return _save(con, view, sweep(tbl, per_step=True), _SELECT)
