@@ -325,6 +325,12 @@ def _sql_islands(con) -> None:
     con.execute(view.replace("CREATE OR REPLACE TEMP VIEW _pipeline_p2p_islands", "CREATE TEMP VIEW sql_islands"))
 
 
+def _sql_gaps(con) -> None:
+    """The view's SQL (pipeline_gaps.sql) as ``sql_gaps`` in ``con``, beside what bind made."""
+    view = [s.query for s in con.extract_statements(M.modules()["pipeline_gaps"].text) if "VIEW _pipeline_gaps" in s.query][0]
+    con.execute(view.replace("CREATE OR REPLACE TEMP VIEW _pipeline_gaps", "CREATE TEMP VIEW sql_gaps"))
+
+
 def _p2p_con(gaps, calls, tail):
     con = duckdb.connect()
     con.execute("CREATE TABLE _pipeline_gaps (run VARCHAR, rank INTEGER, step INTEGER, kind VARCHAR, lo_ns BIGINT, hi_ns BIGINT)")
@@ -388,8 +394,7 @@ def test_bind_makes_p2p_islands_with_the_sqls_rows_on_real_pipelines(tmp_path, r
     _sql_islands(con)
     assert con.execute("SELECT count(*) FROM sql_islands").fetchone()[0] > 20
     assert _same(con, "SELECT * FROM _pipeline_p2p_islands", "SELECT * FROM sql_islands") == 0
-    view = [s.query for s in con.extract_statements(M.modules()["pipeline_gaps"].text) if "VIEW _pipeline_gaps" in s.query][0]
-    con.execute(view.replace("CREATE OR REPLACE TEMP VIEW _pipeline_gaps", "CREATE TEMP VIEW sql_gaps"))
+    _sql_gaps(con)
     assert con.execute("SELECT count(*) FROM sql_gaps WHERE kind = 'gap'").fetchone()[0] > 20
     assert _same(con, "SELECT * FROM _pipeline_gaps", "SELECT * FROM sql_gaps") == 0   # (numpy too)
 
@@ -422,8 +427,7 @@ def _gaps_con(rows):
                 "lo_ns BIGINT, hi_ns BIGINT)")
     if rows:
         con.executemany("INSERT INTO _pipeline_busy VALUES (?, ?, ?, ?, ?, ?, ?)", rows)
-    view = [s.query for s in con.extract_statements(M.modules()["pipeline_gaps"].text) if "VIEW _pipeline_gaps" in s.query][0]
-    con.execute(view.replace("CREATE OR REPLACE TEMP VIEW _pipeline_gaps", "CREATE TEMP VIEW sql_gaps"))
+    _sql_gaps(con)
     return con
 
 
