@@ -450,6 +450,7 @@ def _commit(store: Path, manifest: st.Manifest, run: str, summaries: list[TraceS
         files = st.place(store, s.staged, run, s.rank, str(gen), s.window)
         manifest.traces.append({"run": run, "rank": s.rank, "window_id": s.window, "trace_file": s.path,
                                 "start_ts_ns": s.start_ts_ns, "end_ts_ns": s.end_ts_ns, "files": files,
+                                "schema": S.SCHEMA_VERSION,
                                 **({"job": s.job} if s.job else {})})
     from .sidecars import commit as commit_sidecars
     commit_sidecars(store, manifest, run, list(side), gen)

@@ -244,7 +244,7 @@ def commit(store: Path, manifest: st.Manifest, run: str, summaries: list[Sidecar
         files = st.place(store, s.staged, run, s.rank, f"{gen}-{i}")
         manifest.sidecars.append({"run": run, "rank": s.rank, "kind": s.kind, "source_file": s.path,
                                   "rank_source": s.rank_source, "counts": s.counts, "skipped": s.skipped,
-                                  "files": files})
+                                  "files": files, "schema": S.SCHEMA_VERSION})
 
 
 def summary_line(summaries: list[SidecarSummary], already: int) -> str:

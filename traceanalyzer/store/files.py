@@ -408,9 +408,10 @@ def open_store(store: str | os.PathLike, read_only_db: str | None = None, select
     for name, table in S.TABLES.items():
         files = [where(f) for f in manifest.files(name)]
         hive_types = "{" + ", ".join(f"'{k}': '{S.PARTITION_KEYS[k]}'" for k in table.partition) + "}"
+        union = "" if same_columns(manifest, name) else ", union_by_name = true"
         if files:
             con.execute(f"CREATE VIEW {name} AS SELECT * FROM read_parquet({_sql_list(files)}, "
-                        f"hive_partitioning = true, hive_types = {hive_types}, union_by_name = true)")
+                        f"hive_partitioning = true, hive_types = {hive_types}{union})")
         else:
             con.execute(f"CREATE VIEW {name} AS {_empty_select(table)}")
     con.execute("""
@@ -421,6 +422,15 @@ def open_store(store: str | os.PathLike, read_only_db: str | None = None, select
     con.execute(_COMMS_FR)
     _result_views(con, where, manifest)
     return con
+
+
+def same_columns(manifest: Manifest, table: str) -> bool:
+    """Whether every file of ``table`` the manifest lists holds the same columns: each was written
+    by an ingest that says so (its entry's ``schema``: this version's columns, exactly; tested for
+    every source). Then DuckDB reads the first file's footer only, not every file's at every query
+    (``union_by_name``: ~0.7 ms a file, paid by each query of the view: at 8,192 ranks ~6 s a scan).
+    Entries of older versions (or without the key) may lack a newer column: read by name."""
+    return all(t.get("schema") == S.SCHEMA_VERSION for t in manifest.traces + manifest.sidecars if table in t["files"])
 
 
 def _results_of(saved: dict, runs: set) -> dict:
