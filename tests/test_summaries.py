@@ -31,8 +31,8 @@ def test_declared_scopes_hold():
     assert M.scoped("rank") and M.scoped("align")
     for view, sc in scope.items():
         others = reads[view] - macros
-        if sc == "rank":
-            assert all(scope.get(v) in ("rank", "align") for v in others), (view, others)
+        if sc in ("rank", "peers"):  # peers: other ranks' rows of a rank view (empty over a whole run)
+            assert all(scope.get(v) in ("rank", "align", "peers") for v in others), (view, others)
         else:
             assert all(scope.get(v) == "align" for v in others), (view, others)
             assert "events" not in sm.names_read(view), view
@@ -213,3 +213,33 @@ def test_saved_sums_keep_their_values(tmp_path):
         assert stored == ("BIGINT" if name == "small" else "DECIMAL(38,0)")
         got = con.execute(sm.select([str(tmp_path / f"{name}.parquet")], types)).fetchall()
         assert got == [("r", want)]
+
+
+def test_transfers_made_per_receiver_with_its_senders_files(tmp_path_factory, monkeypatch):
+    """One map task per rank: each receiver's ``p2p_transfers`` rows are made in its own task with
+    the sends read from its senders' files (``_p2p_peer_sends``); they equal the one-connection
+    path's rows, and the critical path (which follows them) is the same."""
+    from traceanalyzer import analyses
+    from traceanalyzer.analyses import summaries as sm
+    from traceanalyzer.analyses.results import analyze, effective_params
+    runs = ("pp_1f1b_4rank_slow1", "pp_1f1b_2x2_dp", "pp_gpipe_2x2_dp_optimeline_slow1")
+    store = ingest_runs(tmp_path_factory, "summaries_p2p", runs, workers=1)
+    monkeypatch.setattr(sm, "MAP_TASK_EVENTS_BYTES", 1)  # every rank a task of its own
+    mapped = analyze(store, only=["critical_path", "critical_path_summary"])
+    entry = json.loads((store / "_store.json").read_text())["summaries"]
+    assert all(len(entry[r]["files"]["p2p_transfers"]) >= 4 for r in runs)  # one file per rank
+    order = "ORDER BY ALL"
+    con = analyses.connect(store)
+    assert sm.attach(con, store, list(runs), effective_params({}))
+    analyses.prepare(con, views=["p2p_transfers"])
+    reduced = con.execute(f"SELECT * FROM p2p_transfers {order}").df()
+    con.close()
+    con = analyses.connect(store)
+    analyses.prepare(con, views=["p2p_transfers"])
+    whole = con.execute(f"SELECT * FROM p2p_transfers {order}").df()
+    one = analyze(store, only=["critical_path", "critical_path_summary"], summaries=False, save_results=False)
+    con.close()
+    assert len(whole) > 100 and set(whole["run"]) == set(runs)
+    pd.testing.assert_frame_equal(reduced, whole, check_dtype=False)
+    for name in one:
+        pd.testing.assert_frame_equal(mapped[name], one[name])

@@ -17,7 +17,8 @@ everything it made.
 Scopes (:mod:`.summaries`): a line ``-- scope: rank`` in the comments just above a view says that
 the view depends on one rank's data only (given the ``align`` views); ``-- scope: align`` marks the
 cross-rank views that rank-local ones read (step alignment, clock offsets: computed from ``comms``
-and ``steps``, never ``events``); a view without one is cross-rank. Views :func:`provide` put in a
+and ``steps``, never ``events``); ``-- scope: peers`` the rows of other ranks a rank view needs
+(empty over a whole run; a map task provides them); a view without one is cross-rank. Views :func:`provide` put in a
 connection (saved per-rank summaries) are not made again by :func:`bind`; once a rank view is
 provided, the other rank views (read only by rank views) are not made either.
 """
@@ -38,8 +39,10 @@ _REQUIRES_RE = re.compile(r"^-- requires: (.*)$", re.MULTILINE)
 _DEFINES_RE = re.compile(r"CREATE OR REPLACE TEMP (?:VIEW|MACRO|TABLE)\s+(\w+)")
 _VIEWS_RE = re.compile(r"CREATE OR REPLACE TEMP (?:VIEW|TABLE)\s+(\w+)")
 _SCOPE_RE = re.compile(r"^-- scope: (\w+)\n(?:--[^\n]*\n)*CREATE OR REPLACE TEMP (?:VIEW|TABLE)\s+(\w+)", re.MULTILINE)
-#: the scopes a view may declare (``-- scope: NAME``); undeclared views are cross-rank
-SCOPES = ("rank", "align")
+#: the scopes a view may declare (``-- scope: NAME``); undeclared views are cross-rank. ``peers``: rows
+#: of other ranks a rank view needs besides its own (the sends that fed its receives): empty over a
+#: whole run, provided by a map task for the ranks outside its chunk (:mod:`.summaries`)
+SCOPES = ("rank", "align", "peers")
 
 
 @dataclass(frozen=True)
@@ -241,7 +244,7 @@ def bind(con, names, scopes=None) -> list[str]:
     given = provided(con)
     rank = {v for v, sc in _scope_map().items() if sc == "rank"}
     if given & rank:  # a reduce: the rank views not provided are read by rank views only (summaries)
-        given = given | rank
+        given = given | rank | {v for v, sc in _scope_map().items() if sc == "peers"}
     todo = [m for m in closure(names, given) if m not in have]
     variables = _variables(con)
     for name in todo:

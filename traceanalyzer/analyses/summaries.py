@@ -100,7 +100,7 @@ def saved_views() -> list[str]:
         for dep in deps:
             readers.setdefault(dep, set()).add(view)
     return [v for v in rank if (not v.startswith("_") and v not in NOT_SAVED)
-            or any(scope.get(r) != "rank" for r in readers.get(v, ()) if r in M.owner())]
+            or any(scope.get(r) not in ("rank", "peers") for r in readers.get(v, ()) if r in M.owner())]
 
 
 # -- keys -----------------------------------------------------------------------------------------
@@ -232,18 +232,53 @@ def map_task(store: str, run: str, ranks: list[int], params: dict, align: dict, 
     """Compute the saved views of ``ranks`` (a chunk, ``rank_chunks``) from their own files and the
     run's ``align`` views; returns {view: (path, types)}. Runs in a worker: its memory is that of the
     chunk's ranks."""
+    con = _task_connection(store, run, ranks, params, align)
+    try:
+        _provide_peer_sends(con, store, run, ranks, params, align)
+        # the modules' cross-rank views are the reduce's; `peers` views not provided are made (empty)
+        M.bind(con, M.modules_for(views), scopes=("rank", "peers"))
+        folder = Path(out) / f"rank={chunk_label(ranks)}"
+        folder.mkdir(parents=True, exist_ok=True)
+        return {v: (str(folder / f"{v}.parquet"), _write(con, v, folder / f"{v}.parquet")) for v in views}
+    finally:
+        con.close()
+
+
+def _task_connection(store: str, run: str, ranks: list[int], params: dict, align: dict):
+    """A connection over ``ranks``' files with the analysis parameters set and the ``align`` views provided."""
     from . import prepare
     con = open_run(store, run, ranks)
     try:
         prepare(con, modules=[], **params)
         for view, (path, types) in align.items():
             M.provide(con, view, select([path], types) + f" WHERE run = '{sql_quote(run)}'")
-        M.bind(con, M.modules_for(views), scopes=("rank",))  # the modules' cross-rank views: the reduce's
-        folder = Path(out) / f"rank={chunk_label(ranks)}"
-        folder.mkdir(parents=True, exist_ok=True)
-        return {v: (str(folder / f"{v}.parquet"), _write(con, v, folder / f"{v}.parquet")) for v in views}
-    finally:
+    except BaseException:
         con.close()
+        raise
+    return con
+
+
+def _provide_peer_sends(con, store: str, run: str, ranks: list[int], params: dict, align: dict) -> None:
+    """Provide ``_p2p_peer_sends`` in a map task's connection ``con``: the sends that ranks outside
+    the chunk made to its ranks' receives, read from those ranks' own files (``_p2p_calls`` over
+    them), so that ``p2p_transfers`` is made per receiver in the map, as the other rank views are
+    (at 8,192 op-timeline ranks the reduce's join of every receive with its send took 88-115 s)."""
+    if "_p2p_peer_sends" not in M.owner():
+        return
+    chunk = sorted(set(ranks))
+    peers = [r for (r,) in con.execute(
+        "SELECT DISTINCT src_rank FROM comms WHERE is_p2p AND op = 'recv' AND src_rank IS NOT NULL "
+        "AND rank = dst_rank ORDER BY src_rank").fetchall() if r not in set(chunk)]
+    if not peers:
+        return   # made empty by bind
+    pcon = _task_connection(store, run, peers, params, align)
+    try:
+        sends = pcon.sql(f"SELECT * FROM ({M.select_of('_p2p_calls')}) WHERE op = 'send' "
+                             f"AND dst_rank IN ({', '.join(map(str, chunk))})").arrow().read_all()
+    finally:
+        pcon.close()
+    con.register("_ta_peer_sends", sends)
+    M.provide(con, "_p2p_peer_sends", "SELECT * FROM _ta_peer_sends")
 
 
 # -- the driver -----------------------------------------------------------------------------------
