@@ -38,7 +38,7 @@ def test_declared_scopes_hold():
             assert "events" not in sm.names_read(view), view
     # cross-rank views that still read events themselves (the reduce reads them from the store)
     cross_events = {v for v in reads if v not in scope and v not in macros and "events" in sm.names_read(v)}
-    assert cross_events == {"pipeline_shape", "_hta_files", "_hta_rows"}, cross_events
+    assert cross_events == {"_hta_files", "_hta_rows"}, cross_events
     assert set(S.TABLES) >= {"events", "comms", "steps"}
     with pytest.raises(ValueError, match="unknown scope"):
         M._module("x", "-- scope: ranks\nCREATE OR REPLACE TEMP VIEW x AS SELECT 1;")
@@ -79,13 +79,13 @@ def test_second_analyze_reads_no_events(tmp_path_factory):
     second = analyze(store)
     assert [k for k in first if not first[k].equals(second[k])] == []
     # what the reduce computed itself (temporary tables; the summaries are views over their files):
-    # of the views naming events, only pipeline_shape (the schedule's annotations, pipelines.sql)
+    # none of the views naming events
     con = analyses.connect(store)
     assert sm.attach(con, store, ["ddp_gloo_4rank_slow2"], effective_params({}))
     compute(con)
     made = {t for (t,) in con.execute("SELECT table_name FROM duckdb_tables() WHERE temporary").fetchall()}
     assert "overlap_ranks" not in made and "collective_ranks" in made
-    assert {v for v in made & set(M.owner()) if "events" in sm.names_read(v)} == {"pipeline_shape"}
+    assert {v for v in made & set(M.owner()) if "events" in sm.names_read(v)} == set()
     con.close()
     con = analyses.connect(store)
     without = compute(con)

@@ -10,24 +10,35 @@
 --
 -- requires: clock_offsets, step_alignment
 
+-- Each rank's collective calls, clock-aligned: its part of collective_ranks (and of
+-- serialized_comm_steps), made in the map (summaries.py) so that the cross-rank views read these rows,
+-- not every rank's comms. Columns: run, pg, seq, rank, step, op, group_size (as recorded; NULL when
+-- unknown), bytes (NCCL-tests convention), arrival_ns, end_ns, dur_ns, enqueue_ts_ns (rank clock).
+-- scope: rank
+CREATE OR REPLACE TEMP VIEW _collective_calls AS
+SELECT c.run, coalesce(c.pg_name, '?') AS pg, c.seq, c.rank, coalesce(sa.aligned_step, c.step) AS step, c.op, c.group_size,
+       -- bytes as nccl-tests counts them: the all_gather output, the reduce_scatter input
+       CASE WHEN c.op = 'all_gather' THEN coalesce(c.out_bytes, c.in_bytes * c.group_size)
+            ELSE c.in_bytes END AS bytes,
+       c.start_ts_ns + coalesce(o.offset_ns, 0) AS arrival_ns,
+       c.end_ts_ns + coalesce(o.offset_ns, 0) AS end_ns,
+       c.dur_ns, c.enqueue_ts_ns
+FROM comms c LEFT JOIN clock_offsets o ON o.run = c.run AND o.rank = c.rank
+LEFT JOIN step_alignment sa ON sa.run = c.run AND sa.rank = c.rank AND sa.window_id = c.window_id AND sa.step = c.step
+WHERE NOT c.is_p2p AND c.seq IS NOT NULL;
+
 -- Per rank and collective: arrival, end and the wait for the last peer, clock-aligned.
--- Columns: run, pg, seq, rank, step, op, group_size, bytes (NCCL-tests convention), arrival_ns,
+-- Columns: run, pg, seq, rank, step, op, group_size (as recorded, else the largest of its group),
+-- bytes (NCCL-tests convention), arrival_ns,
 -- end_ns, dur_ns, gap_ns (arrival - this rank's end of the group's previous collective in the
 -- window: the time the rank spent on its own between the two), last_arrival_ns, first_end_ns,
 -- wait_ns (last_arrival - arrival), n_ranks.
 CREATE OR REPLACE TEMP VIEW collective_ranks AS
 WITH aligned AS (
-    SELECT c.run, coalesce(c.pg_name, '?') AS pg, c.seq, c.rank, coalesce(sa.aligned_step, c.step) AS step, c.op,
-           coalesce(c.group_size, max(c.group_size) OVER (PARTITION BY c.run, coalesce(c.pg_name, '?'))) AS group_size,
-           -- bytes as nccl-tests counts them: the all_gather output, the reduce_scatter input
-           CASE WHEN c.op = 'all_gather' THEN coalesce(c.out_bytes, c.in_bytes * c.group_size)
-                ELSE c.in_bytes END AS bytes,
-           c.start_ts_ns + coalesce(o.offset_ns, 0) AS arrival_ns,
-           c.end_ts_ns + coalesce(o.offset_ns, 0) AS end_ns,
-           c.dur_ns
-    FROM comms c LEFT JOIN clock_offsets o ON o.run = c.run AND o.rank = c.rank
-    LEFT JOIN step_alignment sa ON sa.run = c.run AND sa.rank = c.rank AND sa.window_id = c.window_id AND sa.step = c.step
-    WHERE NOT c.is_p2p AND c.seq IS NOT NULL
+    SELECT run, pg, seq, rank, step, op,
+           coalesce(group_size, max(group_size) OVER (PARTITION BY run, pg)) AS group_size,
+           bytes, arrival_ns, end_ns, dur_ns
+    FROM _collective_calls
 )
 SELECT *,
        arrival_ns - lag(end_ns) OVER (PARTITION BY run, pg, rank ORDER BY seq) AS gap_ns,

@@ -80,16 +80,20 @@ SELECT run, rank, count(*) AS steps, corr(forward_ns, backward_ns) AS fwd_bwd_co
        coalesce(corr(forward_ns, backward_ns) >= getvariable('seqlen_min_corr') AND count(*) >= getvariable('seqlen_min_steps'), false) AS signal
 FROM step_phases GROUP BY ALL;
 
+-- Each rank's all_to_all calls: how many, bytes sent and received. Columns: run, rank, n_all_to_all,
+-- sent_bytes, recv_bytes.
+-- scope: rank
+CREATE OR REPLACE TEMP VIEW _all_to_all_ranks AS
+SELECT run, rank, count(*) AS n_all_to_all, sum(in_bytes) AS sent_bytes, sum(out_bytes) AS recv_bytes
+FROM comms WHERE op = 'all_to_all' GROUP BY ALL;
+
 -- MoE routing: all_to_all bytes sent and received per rank (from the recorded sizes of each
 -- rank's input and output). A rank whose received (or sent) bytes are at least routing_min_ratio
 -- times the mean of the ranks is a finding: its experts get more tokens than the others'.
 -- Columns: run, rank, n_all_to_all, sent_bytes, recv_bytes, sent_over_mean, recv_over_mean,
 -- is_finding, rank_order (1 = most bytes over the mean).
 CREATE OR REPLACE TEMP VIEW all_to_all_balance AS
-WITH a AS (
-    SELECT run, rank, count(*) AS n_all_to_all, sum(in_bytes) AS sent_bytes, sum(out_bytes) AS recv_bytes
-    FROM comms WHERE op = 'all_to_all' GROUP BY ALL
-),
+WITH a AS (SELECT * FROM _all_to_all_ranks),  -- its per-rank part, made in the map
 r AS (
     SELECT *, sent_bytes / nullif(avg(sent_bytes) OVER (PARTITION BY run), 0) AS sent_over_mean,
            recv_bytes / nullif(avg(recv_bytes) OVER (PARTITION BY run), 0) AS recv_over_mean

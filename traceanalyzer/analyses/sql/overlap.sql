@@ -6,7 +6,7 @@
 -- segments are joined, each is attributed to the collective that covers most of it, and the
 -- compute that ran just before and just after it is named -- what a user would move or overlap.
 --
--- requires: activity, clock_offsets, intervals, phases
+-- requires: activity, clock_offsets, collectives, intervals, phases
 
 -- Columns: run, rank, step, comm_ns, overlapped_ns, exposed_ns, compute_ns, overlap_pct,
 -- exposed_pct_of_step (exposed / step span of the rank's activity).
@@ -127,13 +127,10 @@ WITH ph AS (
            step_end_ns - optimizer_ns AS opt_start_ns
     FROM step_phases WHERE backward_ns > 0
 ),
-arrivals AS (
-    SELECT c.run, c.rank, c.enqueue_ts_ns, c.end_ts_ns + coalesce(o.offset_ns, 0) AS end_ns,
-           max(c.start_ts_ns + coalesce(o.offset_ns, 0)) OVER (PARTITION BY c.run, coalesce(c.pg_name, '?'), c.seq)
-               AS last_arrival_ns
-    FROM comms c LEFT JOIN clock_offsets o ON o.run = c.run AND o.rank = c.rank
-    WHERE NOT c.is_p2p AND c.seq IS NOT NULL AND c.enqueue_ts_ns IS NOT NULL
-      AND c.op IN ('all_reduce', 'reduce_scatter', 'all_gather')
+arrivals AS (  -- the ranks' collective calls (collectives.sql): times aligned, the enqueue on the rank's clock (as step_phases)
+    SELECT run, rank, enqueue_ts_ns, end_ns, max(arrival_ns) OVER (PARTITION BY run, pg, seq) AS last_arrival_ns
+    FROM _collective_calls
+    WHERE enqueue_ts_ns IS NOT NULL AND op IN ('all_reduce', 'reduce_scatter', 'all_gather')
 ),
 serial AS (
     SELECT p.run, p.rank, p.step, p.backward_ns, a.enqueue_ts_ns, greatest(a.end_ns - a.last_arrival_ns, 0) AS transfer_ns

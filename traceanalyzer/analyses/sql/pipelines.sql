@@ -9,18 +9,41 @@
 -- distinct micro-batch numbers annotated), v is the number of stages per rank, p the number of
 -- ranks of the pipeline; the theoretical bubble is (p-1)/(v*m+p-1) of the step.
 -- Kept apart from bubbles.sql (which reads these views) so that the replay can bind the stages
--- alone: they read only comms, events, steps and step_alignment.
+-- alone: they read only comms, events, steps and step_alignment (through the per-rank parts above).
 --
 -- requires: step_alignment
+
+-- Each rank's point-to-point peers as its calls name them (src_rank, dst_rank; NULL when unknown):
+-- the per-rank part of the p2p graph, made in the map (summaries.py) so that the cross-rank views
+-- below read a few rows per rank, not every rank's comms. Columns: run, rank, src_rank, dst_rank.
+-- scope: rank
+CREATE OR REPLACE TEMP VIEW _p2p_links AS
+SELECT DISTINCT run, rank, src_rank, dst_rank FROM comms WHERE is_p2p;
+
+-- Each rank's sends per (aligned) step: how many, and the first one's enqueue (rank clock).
+-- Columns: run, rank, step, n_sends, first_send_ns.
+-- scope: rank
+CREATE OR REPLACE TEMP VIEW _send_steps AS
+SELECT c.run, c.rank, a.aligned_step AS step, count(*) AS n_sends, min(c.enqueue_ts_ns) AS first_send_ns
+FROM comms c JOIN step_alignment a USING (run, rank, window_id, step)
+WHERE c.op = 'send' GROUP BY ALL;
+
+-- The names of each rank's pipeline-schedule annotations ('Forward i', 'PP:<stage>F<mb>'), once each.
+-- Columns: run, rank, name.
+-- scope: rank
+CREATE OR REPLACE TEMP VIEW _pipeline_annotations AS
+SELECT DISTINCT run, rank, name FROM events
+WHERE NOT is_gpu AND (name LIKE 'Forward %' OR name LIKE 'PP:%')
+  AND (regexp_matches(name, '^Forward \d+$') OR regexp_matches(name, '^PP:\d+F\d+$'));
 
 -- Which pipeline each p2p rank belongs to: the connected component of the p2p graph, found by
 -- following edges from every rank until nothing new is reached (UNION drops what was seen).
 -- Columns: run, rank, pipeline_id (smallest global rank of the component).
 CREATE OR REPLACE TEMP VIEW _pipeline_members AS
-WITH RECURSIVE nodes AS (SELECT DISTINCT run, rank FROM comms WHERE is_p2p),
+WITH RECURSIVE nodes AS (SELECT DISTINCT run, rank FROM _p2p_links),
 edges AS (
-    SELECT DISTINCT c.run, c.src_rank AS a, c.dst_rank AS b FROM comms c
-    WHERE c.is_p2p AND c.src_rank IS NOT NULL AND c.dst_rank IS NOT NULL AND c.src_rank <> c.dst_rank
+    SELECT DISTINCT run, src_rank AS a, dst_rank AS b FROM _p2p_links
+    WHERE src_rank IS NOT NULL AND dst_rank IS NOT NULL AND src_rank <> dst_rank
 ),
 both_ways AS (
     SELECT e.run, e.a, e.b FROM edges e
@@ -43,18 +66,15 @@ WITH ann AS (
            count(DISTINCT regexp_extract(name, '^Forward (\d+)$', 1)) FILTER (WHERE regexp_matches(name, '^Forward \d+$')) AS gpipe_mb,
            count(DISTINCT regexp_extract(name, '^PP:\d+F(\d+)$', 1)) FILTER (WHERE regexp_matches(name, '^PP:\d+F\d+$')) AS pp_mb,
            count(DISTINCT regexp_extract(name, '^PP:(\d+)F\d+$', 1)) FILTER (WHERE regexp_matches(name, '^PP:\d+F\d+$')) AS pp_stages
-    FROM events e JOIN _pipeline_members m USING (run, rank)
-    WHERE NOT is_gpu AND (name LIKE 'Forward %' OR name LIKE 'PP:%')
+    FROM _pipeline_annotations e JOIN _pipeline_members m USING (run, rank)
     GROUP BY m.run, m.pipeline_id
 ),
 first_stage_sends AS (  -- sends per step of the rank that sends first (the first stage), per pipeline
     SELECT run, pipeline_id, median(n) AS m FROM (
         SELECT run, pipeline_id, step, rank, n,
                row_number() OVER (PARTITION BY run, pipeline_id, step ORDER BY first_ts, rank) AS k
-        FROM (SELECT c.run, m.pipeline_id, a.aligned_step AS step, c.rank, count(*) AS n, min(c.enqueue_ts_ns) AS first_ts
-              FROM comms c JOIN _pipeline_members m USING (run, rank)
-              JOIN step_alignment a USING (run, rank, window_id, step)
-              WHERE c.op = 'send' GROUP BY ALL))
+        FROM (SELECT c.run, m.pipeline_id, c.step, c.rank, c.n_sends AS n, c.first_send_ns AS first_ts
+              FROM _send_steps c JOIN _pipeline_members m USING (run, rank)))
     WHERE k = 1 GROUP BY run, pipeline_id
 ),
 shape AS (
@@ -78,11 +98,7 @@ FROM shape WHERE n_stages > 1;
 -- data-parallel collective) would look upstream of the stage that feeds it.
 -- Columns: run, rank, pipeline_id, stage.
 CREATE OR REPLACE TEMP VIEW pipeline_stages AS
-WITH first_sends AS (
-    SELECT c.run, c.rank, a.aligned_step AS step, min(c.enqueue_ts_ns) AS first_send
-    FROM comms c JOIN step_alignment a USING (run, rank, window_id, step)
-    WHERE c.op = 'send' GROUP BY ALL
-),
+WITH first_sends AS (SELECT run, rank, step, first_send_ns AS first_send FROM _send_steps),
 positions AS (
     SELECT f.run, f.rank, m.pipeline_id,
            row_number() OVER (PARTITION BY f.run, m.pipeline_id, f.step ORDER BY f.first_send, f.rank) AS pos
