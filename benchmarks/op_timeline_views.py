@@ -35,37 +35,18 @@ CALLS: collections.Counter = collections.Counter()
 PHASE = ["driver"]
 
 
-def _timed_bind(con, names, scopes=None):
-    """modules.bind, each statement timed under (phase, module, view)."""
-    have, given = M.bound(con), M.provided(con)
-    rank = {v for mod in M.modules().values() for v, sc in mod.scopes if sc == "rank"}
-    if given & rank:
-        given = given | rank
-    todo = [m for m in M.closure(names, given) if m not in have]
-    variables = M._variables(con)
-    for name in todo:
-        for statement in con.extract_statements(M.modules()[name].text):
-            m = M._VIEW_RE.match(statement.query)
-            if m and (m.group(1) in given or scopes is not None and M.scope_of(m.group(1)) not in scopes):
-                continue
-            t0 = time.process_time()
-            if m and m.group(1) in M.COMPUTED and M.COMPUTED[m.group(1)](con):
-                key = (PHASE[0], name, m.group(1))
-                CPU[key] += time.process_time() - t0
-                CALLS[key] += 1
-                continue
-            table, made = M._AS_TABLE_RE.subn(r"CREATE OR REPLACE TEMP TABLE \1 AS", statement.query, count=1)
-            if m and made:
-                con.execute(table)
-            else:
-                con.execute(statement)
-                if m:
-                    M._materialise(con, m.group(1))
-            key = (PHASE[0], name, m.group(1) if m else "-")
-            CPU[key] += time.process_time() - t0
-            CALLS[key] += 1
-        con.execute("INSERT INTO _ta_bound VALUES (?, ?)", [name, variables])
-    return todo
+def _timed_make(con, statement, view, module):
+    """modules.make, each statement timed under (phase, module, view)."""
+    t0 = time.process_time()
+    try:
+        _MAKE(con, statement, view, module)
+    finally:
+        key = (PHASE[0], module, view or "-")
+        CPU[key] += time.process_time() - t0
+        CALLS[key] += 1
+
+
+_MAKE = M.make
 
 
 def _phase(fn, name):
@@ -98,7 +79,7 @@ def main(argv=None) -> int:
     p.add_argument("--top", type=int, default=45, help="entries printed")
     p.add_argument("--json", help="write the analyze results here")
     a = p.parse_args(argv)
-    M.bind = _timed_bind
+    M.make = _timed_make
     sm.align_task, sm.map_task = _phase(sm.align_task, "align_task"), _phase(sm.map_task, "map_task")
     sm._write = _timed_write(sm._write)
     shutil.rmtree(Path(a.store) / sm.FOLDER, ignore_errors=True)

@@ -108,6 +108,11 @@ def test_a_commit_collects_what_it_unlisted_and_reads_one_run(tmp_path, monkeypa
     c_stray.write_bytes(events.read_bytes())
     ta.ingest([TRACES / "ddp_gloo_2rank"], store, run="c", progress=False, workers=1)
     assert not c_stray.exists() and stray.exists()              # an ingest sweeps its own run's folders
+    swept = []
+    monkeypatch.setattr(st, "_sweep", lambda store, folder, *a, **k: swept.append(folder))
+    ta.ingest([TRACES / "ddp_gloo_2rank"], store, run="d", progress=False, workers=1)
+    assert swept == []                                           # ... if it had any before (a new run: none)
+    monkeypatch.undo()
     assert "leftover" in check_store(store).text()
     check_store(store, repair=True)                              # check --repair: the whole store
     assert not stray.exists()

@@ -254,17 +254,24 @@ def bind(con, names, scopes=None) -> list[str]:
                 continue  # provided (or only read by provided views): read, not computed
             if m and scopes is not None and scope_of(m.group(1)) not in scopes:
                 continue  # not wanted here (a map task: cross-rank views)
-            if m and m.group(1) in COMPUTED and COMPUTED[m.group(1)](con):
-                continue  # made by its numpy twin (sweep.py; the SQL is its definition)
-            table, made = _AS_TABLE_RE.subn(r"CREATE OR REPLACE TEMP TABLE \1 AS", statement.query, count=1)
-            if m and made:  # made as a table at once: one bind and one run (a view first is one bind more)
-                con.execute(table)
-                continue
-            con.execute(statement)
-            if m:
-                _materialise(con, m.group(1))
+            make(con, statement, m.group(1) if m else None, name)
         con.execute("INSERT INTO _ta_bound VALUES (?, ?)", [name, variables])
     return todo
+
+
+def make(con, statement, view: str | None, module: str) -> None:
+    """Run one statement of SQL module ``module`` in ``con``: a view (``view``) is made as a
+    temporary table, by its numpy twin where it has one (the profilers of ``benchmarks/`` time
+    this function)."""
+    if view is not None and view in COMPUTED and COMPUTED[view](con):
+        return  # made by its numpy twin (sweep.py; the SQL is its definition)
+    table, made = _AS_TABLE_RE.subn(r"CREATE OR REPLACE TEMP TABLE \1 AS", statement.query, count=1)
+    if view is not None and made:  # made as a table at once: one bind and one run (a view first is one bind more)
+        con.execute(table)
+        return
+    con.execute(statement)
+    if view is not None:
+        _materialise(con, view)
 
 
 _VIEW_RE = re.compile(r"\s*(?:--[^\n]*\n\s*)*CREATE OR REPLACE TEMP VIEW\s+(\w+)")

@@ -318,11 +318,12 @@ def ingest(paths, store, run: str | None = None, rank: int | None = None, worker
             sidecars.check_unique(side_done, manifest, run)
             consistency.check_run(store, manifest, run, summaries)  # one job per run, one process per rank
             _assign_windows(summaries, manifest, run)
+            leftovers = st.run_folders_exist(store, run)  # a killed ingest of the run may have left files
             _commit(store, manifest, run, summaries, side_done)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-        try:
-            st.collect_garbage(store, manifest, run=run)   # this run's folders: no walk of the whole store
+        try:  # this run's folders (no walk of the whole store), if they were there before
+            st.collect_garbage(store, manifest, run=run, sweep_run=leftovers)
         except OSError:
             pass
     return IngestReport(str(store), run, summaries, time.perf_counter() - t0, side_done, already)
