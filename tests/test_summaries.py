@@ -49,12 +49,24 @@ def parity_store(tmp_path_factory) -> Path:
     return ingest_runs(tmp_path_factory, "summaries_parity", PARITY_RUNS, workers=1)
 
 
-def test_map_reduce_gives_the_same_results(parity_store):
+@pytest.mark.parametrize("one_rank_tasks", [False, True])
+def test_map_reduce_gives_the_same_results(parity_store, monkeypatch, one_rank_tasks):
     """Every saved analysis and every wrapper (benchmarks/registry_parity.py's list), row for row:
     integers and names identical, floats within summaries_parity.FLOAT_RTOL (the sums meet the rows
-    in another order)."""
+    in another order). Also with every rank a map task of its own: the sends of a receiver's peers
+    come from their files (``_p2p_peer_sends``), every cross-rank view meets its per-rank parts from
+    several tasks."""
     from summaries_parity import both, differences
+
+    from traceanalyzer.analyses import summaries as sm
+    sm.forget(parity_store)
+    if one_rank_tasks:
+        monkeypatch.setattr(sm, "MAP_TASK_EVENTS_BYTES", 1)
     one, two, _ = both(parity_store)
+    if one_rank_tasks:
+        doc = json.loads((parity_store / "_store.json").read_text())
+        ranks = {r: len({t["rank"] for t in doc["traces"] if t["run"] == r}) for r in PARITY_RUNS}
+        assert all(len(doc["summaries"][r]["files"]["step_phases"]) == n > 1 for r, n in ranks.items()), ranks
     bad, close = differences(one, two)
     assert not bad, bad
     assert len(close) <= 3, close  # std / cv / correlation only
