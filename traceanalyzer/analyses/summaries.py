@@ -245,13 +245,18 @@ def map_task(store: str, run: str, ranks: list[int], params: dict, align: dict, 
 
 
 def _task_connection(store: str, run: str, ranks: list[int], params: dict, align: dict):
-    """A connection over ``ranks``' files with the analysis parameters set and the ``align`` views provided."""
+    """A connection over ``ranks``' files with the analysis parameters set and the ``align`` views
+    provided: their rows of these ranks, read once into a table (a rank view joins its own rank's
+    rows only; the whole run's file read at every join cost ~5 % of a map task at 8,192 ranks)."""
     from . import prepare
     con = open_run(store, run, ranks)
     try:
         prepare(con, modules=[], **params)
+        mine = ", ".join(str(int(r)) for r in sorted(set(ranks)))
         for view, (path, types) in align.items():
-            M.provide(con, view, select([path], types) + f" WHERE run = '{sql_quote(run)}'")
+            where = f" WHERE run = '{sql_quote(run)}'" + (f" AND rank IN ({mine})" if any(c == "rank" for c, *_ in types) else "")
+            con.execute(f"CREATE OR REPLACE TEMP TABLE _ta_align_{view} AS {select([path], types)}{where}")
+            M.provide(con, view, f"SELECT * FROM _ta_align_{view}")
     except BaseException:
         con.close()
         raise
