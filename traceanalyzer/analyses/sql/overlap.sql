@@ -6,7 +6,7 @@
 -- segments are joined, each is attributed to the collective that covers most of it, and the
 -- compute that ran just before and just after it is named -- what a user would move or overlap.
 --
--- requires: activity, clock_offsets, collectives, intervals, phases
+-- requires: activity, collectives, intervals, phases
 
 -- Columns: run, rank, step, comm_ns, overlapped_ns, exposed_ns, compute_ns, overlap_pct,
 -- exposed_pct_of_step (exposed / step span of the rank's activity).
