@@ -86,3 +86,16 @@ def test_same_columns_needs_every_entry(drop):
                     sidecars=[{"files": {"fr_dumps": "c"}, "schema": "1.2"}])
     assert st.same_columns(m, "events") is not drop
     assert not st.same_columns(m, "fr_dumps")
+
+
+def test_a_file_changed_by_hand_is_one_line(tmp_path, run_cli):
+    """A file of a marked entry replaced by one without a column (by hand): the query names the file
+    in one error line, exit 2 (not a traceback)."""
+    store = tmp_path / "s"
+    ta.ingest([TRACES / "ddp_gloo_2rank"], store, run="r", progress=False, workers=1)
+    rank1 = next(t for t in st.read_manifest(store).traces if t["rank"] == 1)
+    path = store / rank1["files"]["events"]
+    pq.write_table(pq.read_table(path).drop_columns(["args_json"]), path)
+    code, out, err = run_cli("analyze", store)
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert code == 2 and len(lines) == 1 and str(path) in lines[0] and "args_json" in lines[0], err

@@ -442,6 +442,18 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
         sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
+def _columns_differ(exc: Exception) -> str | None:
+    """One line for DuckDB's error on a store file whose columns are not its table's (the store's
+    views read one footer per table: store.files.same_columns; such a file was put there by hand)."""
+    import duckdb
+    text = str(exc)
+    if not isinstance(exc, duckdb.InvalidInputException) or "schema mismatch" not in text:
+        return None
+    first = text.splitlines()[0].replace("Invalid Input Error: ", "")
+    return (f"{first} -- a store file whose columns are not those its ingest wrote (changed by hand?): "
+            "ingest that run again into a new store")
+
+
 def _run(args) -> int:
     try:
         return args.func(args)
@@ -456,6 +468,12 @@ def _run(args) -> int:
     except KeyboardInterrupt:
         print("traceanalyzer: interrupted; the store is unchanged", file=sys.stderr)
         return EXIT_INTERRUPTED
+    except Exception as exc:
+        line = _columns_differ(exc)
+        if line is None:
+            raise
+        print(f"traceanalyzer: error: {line}", file=sys.stderr)
+        return EXIT_ERROR
     except BrokenPipeError:
         return 0
 
