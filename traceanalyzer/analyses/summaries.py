@@ -268,18 +268,16 @@ def _provide_peer_sends(con, store: str, run: str, ranks: list[int], params: dic
     the chunk made to its ranks' receives, read from those ranks' own files (``_p2p_calls`` over
     them), so that ``p2p_transfers`` is made per receiver in the map, as the other rank views are
     (at 8,192 op-timeline ranks the reduce's join of every receive with its send took 88-115 s)."""
-    if "_p2p_peer_sends" not in M.owner():
-        return
-    chunk = sorted(set(ranks))
+    chunk = set(ranks)
     peers = [r for (r,) in con.execute(
         "SELECT DISTINCT src_rank FROM comms WHERE is_p2p AND op = 'recv' AND src_rank IS NOT NULL "
-        "AND rank = dst_rank ORDER BY src_rank").fetchall() if r not in set(chunk)]
+        "AND rank = dst_rank ORDER BY src_rank").fetchall() if r not in chunk]
     if not peers:
         return   # made empty by bind
     pcon = _task_connection(store, run, peers, params, align)
     try:
         sends = pcon.sql(f"SELECT * FROM ({M.select_of('_p2p_calls')}) WHERE op = 'send' "
-                             f"AND dst_rank IN ({', '.join(map(str, chunk))})").arrow().read_all()
+                         f"AND dst_rank IN ({', '.join(map(str, sorted(chunk)))})").arrow().read_all()
     finally:
         pcon.close()
     con.register("_ta_peer_sends", sends)

@@ -468,14 +468,14 @@ def _run(args) -> int:
     except KeyboardInterrupt:
         print("traceanalyzer: interrupted; the store is unchanged", file=sys.stderr)
         return EXIT_INTERRUPTED
-    except Exception as exc:
+    except BrokenPipeError:
+        return 0
+    except Exception as exc:  # (after BrokenPipeError: an Exception too)
         line = _columns_differ(exc)
         if line is None:
             raise
         print(f"traceanalyzer: error: {line}", file=sys.stderr)
         return EXIT_ERROR
-    except BrokenPipeError:
-        return 0
 
 
 if __name__ == "__main__":
