@@ -143,6 +143,26 @@ def test_map_on_a_process_pool(tmp_path_factory):
     assert rows > 0
 
 
+def test_map_tasks_share_the_cpus(tmp_path_factory):
+    """A local pool's tasks run at once: each task's DuckDB gets its share of the CPUs (one thread at
+    least), set on the task's own connection; one process or a Dask cluster keeps DuckDB's default."""
+    import os
+
+    from traceanalyzer.analyses import summaries as sm
+    from traceanalyzer.analyses.results import effective_params
+    cpus = os.cpu_count() or 1
+    assert sm.map_threads(2, None) == max(1, cpus // 2)
+    assert sm.map_threads(4 * cpus, None) == 1
+    assert sm.map_threads(1, None) is None and sm.map_threads(2, "local") is None
+    store = ingest_runs(tmp_path_factory, "summaries_threads", ("ddp_gloo_2rank",), workers=1)
+    align = sm.align_task(str(store), "ddp_gloo_2rank", effective_params({}), str(tmp_path_factory.mktemp("align")))
+    con = sm._task_connection(str(store), "ddp_gloo_2rank", [0], effective_params({}), align, threads=1)
+    try:
+        assert con.execute("SELECT current_setting('threads')").fetchone()[0] == 1
+    finally:
+        con.close()
+
+
 @pytest.mark.skipif(importlib.util.find_spec("distributed") is None, reason="dask[distributed] not installed")
 def test_analyze_cli_on_a_dask_local_cluster(tmp_path_factory, run_cli):
     """``analyze --dask local:2``: the per-rank map runs as Dask tasks; the results are the ones

@@ -213,6 +213,17 @@ def map_plan(loc, manifest, run: str, n_workers: int | None) -> tuple[list[list[
     return (rank_chunks(loc, manifest, run, workers) if workers > 1 else chunks), workers
 
 
+def map_threads(workers: int, dask) -> int | None:
+    """DuckDB threads per map task: the CPUs shared out among the local pool's ``workers`` processes
+    (at least one), which all run at once; None (DuckDB's default, one per CPU) for a single process
+    or a Dask cluster (whose workers' machines are not known here). Why: with two processes on two
+    CPUs, each task's DuckDB running two threads spent ~12 % more CPU on its parallel operators
+    (165-rank op-timeline tasks: 13.0 -> 11.5 s wall for two at once), with no gain in wall time."""
+    if dask is not None or workers <= 1:
+        return None
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
 def align_task(store: str, run: str, params: dict, out: str) -> dict:
     """Compute the run's ``align`` views; returns {view: (path, types)}. Runs in the driver and reads
     every rank's ``comms``: its memory is capped like the reduce's (:func:`limit_memory`)."""
@@ -228,13 +239,15 @@ def align_task(store: str, run: str, params: dict, out: str) -> dict:
         con.close()
 
 
-def map_task(store: str, run: str, ranks: list[int], params: dict, align: dict, out: str, views: list[str]) -> dict:
+def map_task(store: str, run: str, ranks: list[int], params: dict, align: dict, out: str, views: list[str],
+             threads: int | None = None) -> dict:
     """Compute the saved views of ``ranks`` (a chunk, ``rank_chunks``) from their own files and the
     run's ``align`` views; returns {view: (path, types)}. Runs in a worker: its memory is that of the
-    chunk's ranks."""
-    con = _task_connection(store, run, ranks, params, align)
+    chunk's ranks. ``threads``: DuckDB threads of the task's connections (default: DuckDB's, one per
+    CPU), see :func:`map_threads`."""
+    con = _task_connection(store, run, ranks, params, align, threads)
     try:
-        _provide_peer_sends(con, store, run, ranks, params, align)
+        _provide_peer_sends(con, store, run, ranks, params, align, threads)
         # the modules' cross-rank views are the reduce's; `peers` views not provided are made (empty)
         M.bind(con, M.modules_for(views), scopes=("rank", "peers"))
         folder = Path(out) / f"rank={chunk_label(ranks)}"
@@ -244,13 +257,15 @@ def map_task(store: str, run: str, ranks: list[int], params: dict, align: dict, 
         con.close()
 
 
-def _task_connection(store: str, run: str, ranks: list[int], params: dict, align: dict):
+def _task_connection(store: str, run: str, ranks: list[int], params: dict, align: dict, threads: int | None = None):
     """A connection over ``ranks``' files with the analysis parameters set and the ``align`` views
     provided: their rows of these ranks, read once into a table (a rank view joins its own rank's
     rows only; the whole run's file read at every join cost ~5 % of a map task at 8,192 ranks)."""
     from . import prepare
     con = open_run(store, run, ranks)
     try:
+        if threads:
+            con.execute(f"SET threads = {int(threads)}")  # this connection's own database
         prepare(con, modules=[], **params)
         mine = ", ".join(str(int(r)) for r in sorted(set(ranks)))
         for view, (path, types) in align.items():
@@ -263,7 +278,8 @@ def _task_connection(store: str, run: str, ranks: list[int], params: dict, align
     return con
 
 
-def _provide_peer_sends(con, store: str, run: str, ranks: list[int], params: dict, align: dict) -> None:
+def _provide_peer_sends(con, store: str, run: str, ranks: list[int], params: dict, align: dict,
+                        threads: int | None = None) -> None:
     """Provide ``_p2p_peer_sends`` in a map task's connection ``con``: the sends that ranks outside
     the chunk made to its ranks' receives, read from those ranks' own files (``_p2p_calls`` over
     them), so that ``p2p_transfers`` is made per receiver in the map, as the other rank views are
@@ -274,7 +290,7 @@ def _provide_peer_sends(con, store: str, run: str, ranks: list[int], params: dic
         "AND rank = dst_rank ORDER BY src_rank").fetchall() if r not in chunk]
     if not peers:
         return   # made empty by bind
-    pcon = _task_connection(store, run, peers, params, align)
+    pcon = _task_connection(store, run, peers, params, align, threads)
     try:
         sends = pcon.sql(f"SELECT * FROM ({M.select_of('_p2p_calls')}) WHERE op = 'send' "
                          f"AND dst_rank IN ({', '.join(map(str, sorted(chunk)))})").arrow().read_all()
@@ -323,7 +339,8 @@ def ensure(store, runs: list[str], params: dict, dask=None, n_workers: int | Non
                 progress(f"summaries of run {run}: {len(ranks_of(manifest, run))} ranks")
             align = align_task(where, run, params, str(staging / f"run-{run}"))
             chunks, workers = map_plan(loc, manifest, run, n_workers)
-            calls = [(where, run, c, params, align, str(staging / f"run-{run}"), views) for c in chunks]
+            threads = map_threads(workers, dask)
+            calls = [(where, run, c, params, align, str(staging / f"run-{run}"), views, threads) for c in chunks]
             per_rank = {}
             with open_executor(dask, n_workers=workers, n_tasks=len(calls)) as ex:
                 for i, result, failure in ex.map_unordered(map_task, calls,
