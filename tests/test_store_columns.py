@@ -99,3 +99,43 @@ def test_a_file_changed_by_hand_is_one_line(tmp_path, run_cli):
     code, out, err = run_cli("analyze", store)
     lines = [x for x in err.splitlines() if x.strip()]
     assert code == 2 and len(lines) == 1 and str(path) in lines[0] and "args_json" in lines[0], err
+
+
+def test_check_finds_a_file_changed_by_hand(tmp_path, run_cli):
+    """``check`` reads the footers of the files marked exact: a file changed by hand (a column
+    dropped) damages its run, named with the file and the column; ``--repair`` drops that run's
+    listing and the other run stays readable. An unchanged store says OK."""
+    store = tmp_path / "s"
+    ta.ingest([TRACES / "ddp_gloo_2rank"], store, run="r", progress=False, workers=1)
+    ta.ingest([TRACES / "ddp_gloo_2rank"], store, run="kept", progress=False, workers=1)
+    code, out, _ = run_cli("check", store)
+    assert code == 0 and "store OK" in out, out
+    rank1 = next(t for t in st.read_manifest(store).traces if t["rank"] == 1 and t["run"] == "r")
+    path = store / rank1["files"]["events"]
+    pq.write_table(pq.read_table(path).drop_columns(["args_json"]), path)
+    code, out, _ = run_cli("check", store)
+    lines = [x for x in out.splitlines() if "damaged run '" in x]
+    assert code == 1 and len(lines) == 1 and "'r'" in lines[0] and rank1["files"]["events"] in lines[0] \
+        and "missing args_json" in lines[0], out
+    code, out, _ = run_cli("check", store, "--repair")
+    assert code == 0 and "its listing removed" in out, out
+    assert {t["run"] for t in st.read_manifest(store).traces} == {"kept"}
+    assert ta.open(store).execute("SELECT count(*) FROM events").fetchone()[0] > 0
+    code, out, _ = run_cli("check", store)
+    assert code == 0 and "store OK" in out, out
+
+
+def test_column_problem_names_each_difference(tmp_path):
+    from traceanalyzer.store.check import column_problem
+    spec = S.TABLES["steps"]
+    want = pa.schema([f for f in spec.arrow_schema if f.name not in spec.partition])
+    path = tmp_path / "steps.parquet"
+    pq.write_table(want.empty_table(), path)
+    assert column_problem(path, "steps") is None
+    first = want.field(0)
+    changed = want.set(0, pa.field(first.name, pa.string())).append(pa.field("mine", pa.int8()))
+    pq.write_table(changed.empty_table(), path)
+    problem = column_problem(path, "steps")
+    assert f"retyped {first.name} (string, not {first.type})" in problem and "extra mine" in problem, problem
+    pq.write_table(pa.schema(list(reversed(want))).empty_table(), path)
+    assert "in another order" in column_problem(path, "steps")

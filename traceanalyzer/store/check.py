@@ -10,7 +10,10 @@
   the junk, in one atomic manifest commit under the store lock.
 * :func:`remove_run` (``traceanalyzer rm STORE --run R``): the same commit, for a run the user names.
 
-The check reads four bytes per listed file (its footer magic), never the data.
+Opening a store reads four bytes per listed file (its footer magic), never the data. ``check``
+reads the footers too: a file an ingest marked as holding its table's columns exactly (the entry's
+``schema``, :func:`~.files.same_columns`) whose columns differ (changed by hand) damages its run
+like a truncated one (local stores; an object store's files are checked by their listing only).
 """
 from __future__ import annotations
 
@@ -48,6 +51,44 @@ def file_problem(path: Path) -> str | None:
     return None
 
 
+def column_problem(path: Path, table: str) -> str | None:
+    """None when Parquet file ``path`` holds table ``table``'s columns exactly (names, order and
+    types; the partition keys are in its path), else what differs."""
+    import pyarrow.parquet as pq
+    spec = S.TABLES[table]
+    want = [f for f in spec.arrow_schema if f.name not in spec.partition]
+    try:
+        got = pq.read_schema(path)
+    except Exception as exc:  # noqa: BLE001 - a footer pyarrow cannot read: what it says
+        return f"unreadable ({exc})"
+    names = [f.name for f in want]
+    missing = [n for n in names if n not in got.names]
+    extra = [n for n in got.names if n not in names]
+    retyped = [f"{f.name} ({got.field(f.name).type}, not {f.type})" for f in want
+               if f.name in got.names and got.field(f.name).type != f.type]
+    if not (missing or extra or retyped) and got.names == names:
+        return None
+    parts = ([f"missing {', '.join(missing)}"] if missing else []) + ([f"extra {', '.join(extra)}"] if extra else [])
+    parts += [f"retyped {', '.join(retyped)}"] if retyped else []
+    return f"holds other columns than the {table} table's ({'; '.join(parts) or 'in another order'})"
+
+
+def column_problems(store: Path, manifest: st.Manifest, skip=()) -> dict[str, str]:
+    """run -> its first file whose columns are not its table's, among the entries marked exact (the
+    runs in ``skip`` left out). Reads each such file's footer (~1 ms a file)."""
+    out: dict[str, str] = {}
+    for entry in manifest.traces + manifest.sidecars:
+        run = entry.get("run", "?")
+        if run in out or run in skip or entry.get("schema") != S.SCHEMA_VERSION:
+            continue
+        for table, rel in entry.get("files", {}).items():
+            problem = column_problem(store / rel, table) if table in S.TABLES else None
+            if problem:
+                out[run] = f"{rel} {problem}"
+                break
+    return out
+
+
 def _problem_of(store, manifest: st.Manifest):
     """rel -> None or what is wrong with that listed file: its footer on a local store; one listing
     of a remote one (an object is written whole or not at all)."""
@@ -80,11 +121,11 @@ def damaged_runs(store: Path, manifest: st.Manifest, problem_of=None) -> dict[st
     return out
 
 
-def healthy(store: Path, manifest: st.Manifest, warn: bool = True) -> st.Manifest:
+def healthy(store: Path, manifest: st.Manifest, warn: bool = True, bad: dict[str, str] | None = None) -> st.Manifest:
     """The manifest without its damaged runs (the same object when none is damaged); one warning
-    line per damaged run."""
+    line per damaged run. ``bad``: the damaged runs when the caller found them (``check``)."""
     problem_of = _problem_of(store, manifest)
-    bad = damaged_runs(store, manifest, problem_of)
+    bad = damaged_runs(store, manifest, problem_of) if bad is None else bad
     bad_results = [rel for r in manifest.extra.get("results", {}).values()
                    for run, rel in r.get("files", {}).items() if run not in bad and problem_of(rel)]
     if not bad and not bad_results:
@@ -156,7 +197,7 @@ def check_store(store: str | os.PathLike, repair: bool = False) -> CheckReport:
             report = _inspect(store, manifest)
             report.stale_lock = report.stale_lock or False
             if report.damaged or report.bad_results:
-                fixed = healthy(store, manifest, warn=False)
+                fixed = healthy(store, manifest, warn=False, bad=report.damaged)
                 _drop_results(fixed, report.bad_results)
                 fixed.generation += 1
                 writers.retire(manifest, fixed)  # what is still whole there, a reader may be reading
@@ -181,6 +222,8 @@ def _drop_results(manifest: st.Manifest, bad: list[str]) -> None:
 def _inspect(store: Path, manifest: st.Manifest) -> CheckReport:
     problem_of = _problem_of(store, manifest)
     report = CheckReport(str(store), damaged=damaged_runs(store, manifest, problem_of))
+    if isinstance(store, Path):
+        report.damaged.update(column_problems(store, manifest, skip=report.damaged))
     for r in manifest.extra.get("results", {}).values():
         for run, rel in r.get("files", {}).items():
             if run not in report.damaged and problem_of(rel):
