@@ -22,8 +22,10 @@ import pyarrow.compute as pc
 #: the categories of activity_intervals, in the sweep's priority order (its label)
 _CATEGORIES = ("compute", "comm", "memory")
 
-_SCHEMA = pa.schema([("run", pa.string()), ("rank", pa.int32()), ("window_id", pa.int32()), ("step", pa.int32()),
-                     ("lo_ns", pa.int64()), ("hi_ns", pa.int64()), ("dur_ns", pa.int64()), ("label", pa.string()),
+#: run and label as dictionaries: DuckDB reads them as VARCHAR without a string copied per segment
+_SCHEMA = pa.schema([("run", pa.dictionary(pa.int32(), pa.string())), ("rank", pa.int32()), ("window_id", pa.int32()),
+                     ("step", pa.int32()), ("lo_ns", pa.int64()), ("hi_ns", pa.int64()), ("dur_ns", pa.int64()),
+                     ("label", pa.dictionary(pa.int8(), pa.string())),
                      ("n_compute", pa.int64()), ("n_comm", pa.int64()), ("n_memory", pa.int64())])
 
 #: the view's column types in SQL (the macro's: its counts are BIGINT)
@@ -36,9 +38,9 @@ _ISLANDS_SELECT = ("SELECT CAST(run AS VARCHAR) AS run, CAST(rank AS INTEGER) AS
 
 def _codes(col: pa.ChunkedArray) -> tuple[np.ndarray, int]:
     """Non-negative int64 codes of a column (equal values, equal codes; NULL its own code) and how
-    many there can be."""
-    if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-        enc = pc.dictionary_encode(col).combine_chunks()
+    many there can be (a DictionaryArray: its own indices)."""
+    if pa.types.is_dictionary(col.type) or pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
+        enc = col if pa.types.is_dictionary(col.type) else pc.dictionary_encode(col).combine_chunks()
         idx = enc.indices.to_numpy(zero_copy_only=False)
         idx = np.where(enc.indices.is_null().to_numpy(zero_copy_only=False), len(enc.dictionary), idx)
         return idx.astype(np.int64), len(enc.dictionary) + 1
@@ -81,6 +83,10 @@ def _order(key: np.ndarray, key_bits: int, t: np.ndarray) -> np.ndarray:
     return np.lexsort((t, key))
 
 
+#: the category as its code in SQL (:func:`_category_codes`): no string per interval fetched or encoded
+_CATEGORY_CODE = ("CAST(CASE category WHEN 'compute' THEN 0 WHEN 'comm' THEN 1 WHEN 'memory' THEN 2 ELSE 3 END "
+                  "AS TINYINT)")
+
 #: bits per running count when the three are packed in one int64 (2 M intervals of one partition)
 _BITS = 21
 
@@ -89,7 +95,10 @@ _UNITS = np.array([1, 1 << _BITS, 1 << (2 * _BITS), 0], dtype=np.int64)
 
 
 def _category_codes(col: pa.ChunkedArray) -> np.ndarray:
-    """Per row: 0 compute, 1 comm, 2 memory, 3 anything else (NULL included)."""
+    """Per row: 0 compute, 1 comm, 2 memory, 3 anything else (NULL included); a column of integers
+    holds these codes already (:data:`_CATEGORY_CODE`)."""
+    if pa.types.is_integer(col.type):
+        return pc.fill_null(col, 3).to_numpy().astype(np.int64, copy=False)
     enc = pc.dictionary_encode(col).combine_chunks()
     lookup = np.array([_CATEGORIES.index(v) if v in _CATEGORIES else 3 for v in enc.dictionary.to_pylist()] + [3],
                       dtype=np.int64)
@@ -111,7 +120,8 @@ def sweep(tbl: pa.Table, per_step: bool, pack_limit: int = 1 << _BITS) -> pa.Tab
     pack into one int64 (the caller then runs the SQL). The three running counts share one cumsum
     when every partition has fewer than ``pack_limit`` deltas (each count then fits its bits)."""
     n = tbl.num_rows
-    packed = _partition_key([tbl.column(k) for k in ["run", "rank", "window_id"] + (["step"] if per_step else [])])
+    runs = pc.dictionary_encode(tbl.column("run")).combine_chunks()  # once: the key and the output
+    packed = _partition_key([runs] + [tbl.column(k) for k in ["rank", "window_id"] + (["step"] if per_step else [])])
     if packed is None:
         return None
     key, key_bits = packed
@@ -135,13 +145,15 @@ def sweep(tbl: pa.Table, per_step: bool, pack_limit: int = 1 << _BITS) -> pa.Tab
     else:
         n_compute, n_comm, n_memory = (np.cumsum(np.where(starts, 1, -1) * ((unit >> (_BITS * i)) & 1))[nxt]
                                        for i in range(3))
-    label = pa.DictionaryArray.from_arrays(
-        pa.array(np.where(n_compute > 0, 0, np.where(n_comm > 0, 1, np.where(n_memory > 0, 2, 3))), pa.int8()),
-        pa.array(list(_CATEGORIES) + ["idle"], pa.string())).cast(pa.string())
+    code = np.full(len(nxt), 3, np.int8)
+    for i, counts in ((2, n_memory), (1, n_comm), (0, n_compute)):   # the highest priority last
+        code[counts > 0] = i
+    label = pa.DictionaryArray.from_arrays(pa.array(code, pa.int8()), pa.array(list(_CATEGORIES) + ["idle"], pa.string()))
     src = pa.array(row[nxt])
     step = tbl.column("step").take(src) if per_step else pa.nulls(len(nxt), pa.int32())
     return pa.Table.from_arrays(
-        [tbl.column("run").take(src).cast(pa.string()), tbl.column("rank").take(src).cast(pa.int32()),
+        [pa.DictionaryArray.from_arrays(runs.indices.take(src).cast(pa.int32()), runs.dictionary),
+         tbl.column("rank").take(src).cast(pa.int32()),
          tbl.column("window_id").take(src).cast(pa.int32()), step.cast(pa.int32()), pa.array(seg_lo, pa.int64()),
          pa.array(seg_hi, pa.int64()), pa.array(seg_hi - seg_lo, pa.int64()), label,
          pa.array(n_compute, pa.int64()), pa.array(n_comm, pa.int64()), pa.array(n_memory, pa.int64())],
@@ -169,7 +181,8 @@ def _save(con, view: str, out: pa.Table | None, select: str) -> bool:
 def _swept(con, view: str, source: str) -> bool:
     """Make ``view``, ``_activity_sweep(source, true)`` (activity.sql), in ``con`` (:func:`_save`);
     False (nothing made) when :func:`sweep` cannot: the caller runs the SQL."""
-    tbl = con.sql(f"SELECT run, rank, window_id, step, category, lo_ns, hi_ns FROM {source}").to_arrow_table()
+    tbl = con.sql(f"SELECT run, rank, window_id, step, {_CATEGORY_CODE} AS category, lo_ns, hi_ns "
+                  f"FROM {source}").to_arrow_table()
     return _save(con, view, sweep(tbl, per_step=True), _SELECT)
 
 
