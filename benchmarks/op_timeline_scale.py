@@ -19,6 +19,12 @@ the report's first finding, and the replay's largest S_w name the injected slow 
 ``--limit-gb`` (process tree) or ``--timeout`` is killed and reported as such. Nothing is asserted
 about times; ``--append`` adds the table to RESULTS.md.
 
+Below the table, per size: ingest + analyze in minutes (the issue's goal: 10 at 8,192 x 50) and as a
+multiple of the same run's ``generate`` phase, the yardstick of this machine's speed at that hour
+(the generator's own numpy and pyarrow work, one process): the shared machine's speed swings by
+~1.5x between hours (session 30's ingest took 159-171 s, session 31's 111 s on the same code, with
+generate 59.7 and 41.7 s), so the minutes of two runs compare only with their ratios beside them.
+
     PYTHONPATH=. python benchmarks/op_timeline_scale.py --sizes 512,1024,2048 --steps 50
 """
 from __future__ import annotations
@@ -126,7 +132,21 @@ def table(results: list[dict], phases) -> str:
             found = {True: "yes", False: "NO", None: "n/a"}[x["found_slow"]]
             lines.append(f"| {r['ranks']:,} | {r['rows']:,} | {p} | {x['wall_seconds']:.1f} | {x['cpu_seconds']:.1f} | "
                          f"{harness.fmt_bytes(x['max_tree_rss_kb'] * 1024)} | {r['rows'] / max(x['cpu_seconds'], 1e-9):,.0f} | {found} |")
-    return "\n".join(lines)
+    return "\n".join(lines + yardstick(results))
+
+
+def yardstick(results: list[dict]) -> list[str]:
+    """Per size with ingest and analyze done: their wall time together, in minutes and as a multiple
+    of the same run's generate phase (the machine's speed at that hour; see the module's docstring)."""
+    out = []
+    for r in results:
+        i, a = r.get("ingest"), r.get("analyze")
+        if i and a and i["ok"] and a["ok"]:
+            total = i["wall_seconds"] + a["wall_seconds"]
+            out.append(f"\n{r['ranks']:,} ranks: ingest + analyze {total:.0f} s = {total / 60:.1f} minutes = "
+                       f"{total / max(r['generate']['wall_seconds'], 1e-9):.1f} x this run's generate "
+                       f"({r['generate']['wall_seconds']:.1f} s)")
+    return out
 
 
 def main(argv=None) -> int:
