@@ -449,3 +449,16 @@ def test_numpy_pipeline_gaps_leave_two_spans_of_a_step_to_the_sql():
     assert P.pipeline_gaps(con)
     assert con.execute("SELECT count(*) FROM _pipeline_gaps").fetchone()[0] == 0
     assert con.execute("DESCRIBE _pipeline_gaps").fetchall() == con.execute("DESCRIBE sql_gaps").fetchall()
+
+
+def test_codes_of_text_and_of_dictionaries_agree():
+    """A partition column as text, or as dictionaries (one per chunk, different): equal values get
+    equal codes either way (the sweep keeps the run as a dictionary)."""
+    import pyarrow as pa
+
+    from traceanalyzer.analyses import sweep as S
+    text = pa.chunked_array([pa.array(["a", "b", None]), pa.array(["b", "c"])])
+    dicts = pa.chunked_array([pa.array(["a", "b", None]).dictionary_encode(), pa.array(["b", "c"]).dictionary_encode()])
+    for col in (text, dicts):
+        codes, n = S._codes(col)
+        assert n == 4 and codes[1] == codes[3] and len(set(codes.tolist())) == 4

@@ -40,7 +40,10 @@ def _codes(col: pa.ChunkedArray) -> tuple[np.ndarray, int]:
     """Non-negative int64 codes of a column (equal values, equal codes; NULL its own code) and how
     many there can be (a DictionaryArray: its own indices)."""
     if pa.types.is_dictionary(col.type) or pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
-        enc = col if pa.types.is_dictionary(col.type) else pc.dictionary_encode(col).combine_chunks()
+        if not pa.types.is_dictionary(col.type):
+            enc = pc.dictionary_encode(col).combine_chunks()
+        else:   # one dictionary for every chunk
+            enc = col.unify_dictionaries().combine_chunks() if isinstance(col, pa.ChunkedArray) else col
         idx = enc.indices.to_numpy(zero_copy_only=False)
         idx = np.where(enc.indices.is_null().to_numpy(zero_copy_only=False), len(enc.dictionary), idx)
         return idx.astype(np.int64), len(enc.dictionary) + 1
