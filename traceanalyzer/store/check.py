@@ -66,7 +66,7 @@ def column_problem(path: Path, table: str) -> str | None:
     extra = [n for n in got.names if n not in names]
     retyped = [f"{f.name} ({got.field(f.name).type}, not {f.type})" for f in want
                if f.name in got.names and got.field(f.name).type != f.type]
-    if not (missing or extra or retyped) and got.names == names:
+    if got.names == names and not retyped:
         return None
     parts = ([f"missing {', '.join(missing)}"] if missing else []) + ([f"extra {', '.join(extra)}"] if extra else [])
     parts += [f"retyped {', '.join(retyped)}"] if retyped else []
