@@ -3,7 +3,9 @@
 (7 files a rank: 8,192 ranks are 57 k files).
 
 - the big tables (``events``, ``comms``): dictionary encoding only for text columns (the time and
-  id columns are distinct per row: the writer's dictionary attempt was wasted work), no min/max
+  id columns are distinct per row: the writer's dictionary attempt was wasted work), written from the
+  built tables' dictionary columns as they are (no hashing of every string; the Arrow schema is not
+  stored, so a reader sees the strings the Parquet types say, as in any other file), no min/max
   statistics for text (``args_json`` compared per row), delta encoding for the time and id
   columns (increasing per rank), zstd level 1: ~40 % less CPU than the store's default options,
   files about half the size, read as fast or faster by DuckDB (benchmarks/RESULTS.md, issue 17);
@@ -43,18 +45,22 @@ _empty: dict[tuple, bytes] = {}
 
 def write_options(name: str, schema: pa.Schema) -> dict:
     """Keyword arguments for ``pyarrow.parquet.write_table`` of table ``name`` with ``schema``."""
-    key = (name, tuple(schema.names))
+    key = (name, tuple(schema.names), tuple(map(str, schema.types)))
     if key not in _options:
         if name in BIG:
-            text = [f.name for f in schema if pa.types.is_string(f.type)]
+            text = [f.name for f in schema if _is_text(f.type)]
             _options[key] = {"compression": "zstd", "compression_level": ZSTD_LEVEL, "use_dictionary": text,
-                             "write_statistics": [f.name for f in schema if not pa.types.is_string(f.type)],
+                             "write_statistics": [f.name for f in schema if not _is_text(f.type)],
                              "column_encoding": {c: "DELTA_BINARY_PACKED" for c in DELTA_COLUMNS if c in schema.names},
-                             "row_group_size": ROW_GROUP_ROWS}
+                             "row_group_size": ROW_GROUP_ROWS, "store_schema": False}
         else:
             _options[key] = {"compression": "none", "use_dictionary": False, "write_statistics": False,
                              "row_group_size": ROW_GROUP_ROWS}
     return _options[key]
+
+
+def _is_text(t: pa.DataType) -> bool:
+    return pa.types.is_string(t) or (pa.types.is_dictionary(t) and pa.types.is_string(t.value_type))
 
 
 def parquet_bytes(name: str, table: pa.Table) -> bytes:

@@ -8,7 +8,12 @@ start) (:func:`~traceanalyzer.ingest.op_timeline._arrays`), so (rank, start) map
 increasing integer key (each rank's times shifted past the previous rank's); a step span goes
 before the ops it starts with (``searchsorted`` on that key), which is the order a stable sort by
 (rank, start, step spans first) gives. Per-(rank, op) facts (group, peer, p2p channel) are worked
-out once per pair present (a few per rank) and looked up by index."""
+out once per pair present (a few per rank) and looked up by index.
+
+Text columns stay dictionary-encoded (:data:`TEXT`: a code per row into a few distinct values, as
+they are made): casting them to plain strings was ~30 % of building a block, and the Parquet writer
+then hashed every string back into a dictionary; it writes a dictionary column as it is (stage.py).
+The files hold the same values and types (strings) either way; :func:`plain` gives the plain table."""
 from __future__ import annotations
 
 import json
@@ -65,6 +70,24 @@ class Grid:
         dp, pp, tp, cp, ep = self.of[r]
         step = 1 if op in ("forward-send", "backward-recv") else -1
         return self.rank_at.get((dp, (pp + step) % self.n_pp, tp, cp, ep))
+
+
+#: the type of the built tables' text columns: int32 codes into their distinct values
+TEXT = pa.dictionary(pa.int32(), pa.string())
+
+
+def _built_schema(table: S.Table) -> pa.Schema:
+    """``table``'s schema with its text columns as :data:`TEXT` (what :func:`build` makes)."""
+    return pa.schema([f.with_type(TEXT) if pa.types.is_string(f.type) else f for f in table.arrow_schema])
+
+
+_EVENTS, _COMMS = _built_schema(S.EVENTS), _built_schema(S.COMMS)
+
+
+def plain(table: pa.Table) -> pa.Table:
+    """``table`` with its dictionary columns as plain values (the canonical schema's types)."""
+    return pa.table([c.cast(c.type.value_type) if pa.types.is_dictionary(c.type) else c for c in table.columns],
+                    names=table.column_names)
 
 
 def _nulls(n: int, name: str, table: S.Table) -> pa.Array:
@@ -133,7 +156,7 @@ def build(path, grid: Grid, ops_u: list[str], classes: list[str], coll_ops: list
         "correlation": _nulls(N, "correlation", S.EVENTS), "external_id": _nulls(N, "external_id", S.EVENTS),
         "step": pa.array(merged(st["step"][s_order], step, np.int32), pa.int32()),
         "nested": pa.array(np.zeros(N, bool)),
-        "args_json": args}, schema=S.EVENTS.arrow_schema)
+        "args_json": args}, schema=_EVENTS)
     comms, c_ri, pgs_of = _comms(grid, ops_u, classes, coll_ops, a, ~is_comp, op_eid, ri, present)
     c_bounds = np.searchsorted(c_ri, np.arange(R + 1), "left")
     e_bounds = np.r_[e_first, N]
@@ -217,9 +240,12 @@ def _rank_time_key(ri: np.ndarray, ts: np.ndarray, r_bounds: np.ndarray) -> np.n
     return ts - (base - off)[ri]
 
 
-def _strings(codes: np.ndarray, values: list[str]) -> pa.Array:
-    """``values[codes]`` as an Arrow string array (built by Arrow from the dictionary)."""
-    return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32()), pa.array(values, pa.string())).cast(pa.string())
+def _strings(codes: np.ndarray, values: list[str], mask: np.ndarray | None = None) -> pa.Array:
+    """``values[codes]`` (NULL where ``mask``) as a :data:`TEXT` array whose dictionary holds each
+    value once (the Parquet writer writes it as the column's dictionary page)."""
+    uniq, inv = np.unique(np.array(values, dtype=object), return_inverse=True)
+    codes = inv.reshape(-1).astype(np.int32)[codes]
+    return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int32(), mask=mask), pa.array(uniq.tolist(), pa.string()))
 
 
 def _args_json(mb: np.ndarray, seq: np.ndarray, vpp: np.ndarray) -> tuple[np.ndarray, list[str]]:
@@ -314,13 +340,13 @@ def _comms(grid: Grid, ops_u, classes, coll_ops, a: dict, is_comm: np.ndarray, o
     c_first = np.searchsorted(ri, np.arange(len(present)), "left")
     cols = {
         "comm_id": i64(np.arange(k) - c_first[ri]), "dialect": _strings(np.zeros(k, np.int32), [SOURCE]),
-        "op": op_col, "is_p2p": pa.array(p2p), "pg_name": _strings(g, names) if k else pa.array([], pa.string()),
-        "pg_desc": _strings(g, descs) if k else pa.array([], pa.string()),
+        "op": op_col, "is_p2p": pa.array(p2p), "pg_name": _strings(g, names) if k else pa.nulls(0, TEXT),
+        "pg_desc": _strings(g, descs) if k else pa.nulls(0, TEXT),
         "pg_ranks": member_lists.take(pa.array(g)) if k else pa.array([], pa.list_(pa.int32())),
         "group_size": i32(sizes[g] if k else []), "pg_source": _strings(np.zeros(k, np.int32), [SOURCE]),
         "pg_inferred": pa.array(np.zeros(k, bool)),
         "seq": i64(step * SEQ_STRIDE + a["seq"][idx], mask=p2p),
-        "seq_source": pc.if_else(pa.array(p2p), pa.scalar(None, pa.string()), _strings(np.zeros(k, np.int32), [SOURCE])),
+        "seq_source": _strings(np.zeros(k, np.int32), [SOURCE], mask=p2p),
         "p2p_seq": i64(p2p_seq, mask=~p2p), "src_rank": i32(src, mask=~p2p | (~send & ~has_peer)),
         "dst_rank": i32(dst, mask=~p2p | (send & ~has_peer)), "peer_rank": i32(peer, mask=~has_peer),
         "tag": i64(tag, mask=~p2p),
@@ -329,9 +355,9 @@ def _comms(grid: Grid, ops_u, classes, coll_ops, a: dict, is_comm: np.ndarray, o
         "exec_name": _strings(code, list(ops_u)),
         "start_ts_ns": i64(ts), "end_ts_ns": i64(ts + dur), "dur_ns": i64(dur), "exec_tid": i64(np.full(k, TID)),
         "on_gpu": pa.array(np.zeros(k, bool)), "step": i32(step)}
-    fields = {f.name: f for f in S.COMMS.arrow_schema}
+    fields = {f.name: f for f in _COMMS}
     arrays = [cols[name] if name in cols else pa.nulls(k, fields[name].type) for name in fields]
-    table = pa.Table.from_arrays(arrays, schema=S.COMMS.arrow_schema)
+    table = pa.Table.from_arrays(arrays, schema=_COMMS)
     return table, ri, {r: sorted((n, d, list(mm)) for n, d, mm in v) for r, v in pgs_of.items()}
 
 
