@@ -166,10 +166,12 @@ def select(paths: list[str], types: list[list[str]]) -> str:
 
 # -- the tasks ------------------------------------------------------------------------------------
 
-def open_run(store: str, run: str, ranks: list[int] | None = None):
-    """A store connection over run ``run``'s files (those of ``ranks`` when given)."""
+def open_run(store: str, run: str, ranks: list[int] | None = None, manifest=None, checked: bool = False):
+    """A store connection over run ``run``'s files (those of ``ranks`` when given); ``manifest`` and
+    ``checked`` as :func:`~traceanalyzer.store.files.open_store` takes them."""
     keep = None if ranks is None else set(ranks)
-    return st.open_store(store, select=lambda t: t.get("run") == run and (keep is None or t.get("rank") in keep))
+    return st.open_store(store, select=lambda t: t.get("run") == run and (keep is None or t.get("rank") in keep),
+                         manifest=manifest, checked=checked)
 
 
 def rank_chunks(loc, manifest, run: str, n_workers: int = 1) -> list[list[int]]:
@@ -244,10 +246,12 @@ def map_task(store: str, run: str, ranks: list[int], params: dict, align: dict, 
     """Compute the saved views of ``ranks`` (a chunk, ``rank_chunks``) from their own files and the
     run's ``align`` views; returns {view: (path, types)}. Runs in a worker: its memory is that of the
     chunk's ranks. ``threads``: DuckDB threads of the task's connections (default: DuckDB's, one per
-    CPU), see :func:`map_threads`."""
-    con = _task_connection(store, run, ranks, params, align, threads)
+    CPU), see :func:`map_threads`. The store's manifest is read once for the task's connections, and
+    their files are not checked again: the driver's align connection checked the whole run's."""
+    manifest = st.read_manifest(st.location(store))
+    con = _task_connection(store, run, ranks, params, align, threads, manifest)
     try:
-        _provide_peer_sends(con, store, run, ranks, params, align, threads)
+        _provide_peer_sends(con, store, run, ranks, params, align, threads, manifest)
         # the modules' cross-rank views are the reduce's; `peers` views not provided are made (empty)
         M.bind(con, M.modules_for(views), scopes=("rank", "peers"))
         folder = Path(out) / f"rank={chunk_label(ranks)}"
@@ -257,12 +261,13 @@ def map_task(store: str, run: str, ranks: list[int], params: dict, align: dict, 
         con.close()
 
 
-def _task_connection(store: str, run: str, ranks: list[int], params: dict, align: dict, threads: int | None = None):
+def _task_connection(store: str, run: str, ranks: list[int], params: dict, align: dict, threads: int | None = None,
+                     manifest=None):
     """A connection over ``ranks``' files with the analysis parameters set and the ``align`` views
     provided: their rows of these ranks, read once into a table (a rank view joins its own rank's
     rows only; the whole run's file read at every join cost ~5 % of a map task at 8,192 ranks)."""
     from . import prepare
-    con = open_run(store, run, ranks)
+    con = open_run(store, run, ranks, manifest, checked=manifest is not None)
     try:
         if threads:
             con.execute(f"SET threads = {int(threads)}")  # this connection's own database
@@ -279,7 +284,7 @@ def _task_connection(store: str, run: str, ranks: list[int], params: dict, align
 
 
 def _provide_peer_sends(con, store: str, run: str, ranks: list[int], params: dict, align: dict,
-                        threads: int | None = None) -> None:
+                        threads: int | None = None, manifest=None) -> None:
     """Provide ``_p2p_peer_sends`` in a map task's connection ``con``: the sends that ranks outside
     the chunk made to its ranks' receives, read from those ranks' own files (``_p2p_calls`` over
     them), so that ``p2p_transfers`` is made per receiver in the map, as the other rank views are
@@ -290,7 +295,7 @@ def _provide_peer_sends(con, store: str, run: str, ranks: list[int], params: dic
         "AND rank = dst_rank ORDER BY src_rank").fetchall() if r not in chunk]
     if not peers:
         return   # made empty by bind
-    pcon = _task_connection(store, run, peers, params, align, threads)
+    pcon = _task_connection(store, run, peers, params, align, threads, manifest)
     try:
         sends = pcon.sql(f"SELECT * FROM ({M.select_of('_p2p_calls')}) WHERE op = 'send' "
                          f"AND dst_rank IN ({', '.join(map(str, sorted(chunk)))})").arrow().read_all()

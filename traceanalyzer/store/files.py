@@ -380,18 +380,23 @@ def _sql_list(paths: list[str]) -> str:
     return "[" + ", ".join("'" + p.replace("'", "''") + "'" for p in paths) + "]"
 
 
-def open_store(store: str | os.PathLike, read_only_db: str | None = None, select=None):
+def open_store(store: str | os.PathLike, read_only_db: str | None = None, select=None, manifest: Manifest | None = None,
+               checked: bool = False):
     """A DuckDB connection with one view per canonical table (plus ``runs``) over the store, the
     ``comms_fr`` and ``comms_nccl`` views, and the ``nccl_comm_map`` table (computed here, in memory,
     by :mod:`traceanalyzer.analyses.nccl_join` when the store holds NCCL logs or plugin output).
     ``select(entry) -> bool`` keeps only some traces and per-process inputs (one rank's: the
     per-rank summaries, :mod:`traceanalyzer.analyses.summaries`) and the saved results of their runs:
-    the views then cost what those runs cost, whatever else the store holds."""
+    the views then cost what those runs cost, whatever else the store holds. ``manifest``: the store's
+    manifest as the caller read it (not read again); ``checked``: the caller's process already had the
+    selected files checked (:func:`.check.healthy`) on this manifest, so they are not checked again (a
+    map task of the analyses, whose driver opened the whole run: at 8,192 ranks each task's two
+    connections re-read ~2,300 footers)."""
     import duckdb  # imported here: ingest workers never need it
     store = location(store)
     if isinstance(store, Path) and not (store / MANIFEST).exists():
         raise StoreError(not_a_store(store))
-    manifest = read_manifest(store)
+    manifest = read_manifest(store) if manifest is None else manifest
     if isinstance(store, Remote) and manifest.generation == 0:  # a prefix that holds nothing yet
         raise StoreError(not_a_store(store))
     from .check import healthy
@@ -400,7 +405,8 @@ def open_store(store: str | os.PathLike, read_only_db: str | None = None, select
                             manifest.extra, [t for t in manifest.sidecars if select(t)])
         manifest.extra = {**manifest.extra, "results": _results_of(manifest.extra.get("results", {}),
                                                                    {t.get("run") for t in manifest.traces})}
-    manifest = healthy(store, manifest)  # a damaged run is left out (one warning line)
+    if not checked:
+        manifest = healthy(store, manifest)  # a damaged run is left out (one warning line)
     con = duckdb.connect(read_only_db or ":memory:")
     # DuckDB draws a progress bar on stdout for queries over ~2 s: it would land in front of
     # `analyze --json > file`. A setting of this connection alone (scope LOCAL), nothing global.
