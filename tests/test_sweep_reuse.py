@@ -397,6 +397,8 @@ def test_bind_makes_p2p_islands_with_the_sqls_rows_on_real_pipelines(tmp_path, r
     _sql_gaps(con)
     assert con.execute("SELECT count(*) FROM sql_gaps WHERE kind = 'gap'").fetchone()[0] > 20
     assert _same(con, "SELECT * FROM _pipeline_gaps", "SELECT * FROM sql_gaps") == 0   # (numpy too)
+    _sql_stalls(con)   # over the SQL's islands: the numpy stalls of the numpy islands are the SQL's of the SQL's
+    assert _same(con, "SELECT * FROM _pipeline_p2p_stalls", "SELECT * FROM sql_stalls") == 0
 
 
 # -- pipeline_gaps.sql's _pipeline_gaps in numpy (analyses/pipeline_sweep.py) -------------------------
@@ -462,3 +464,47 @@ def test_codes_of_text_and_of_dictionaries_agree():
     for col in (text, dicts):
         codes, n = S._codes(col)
         assert n == 4 and codes[1] == codes[3] and len(set(codes.tolist())) == 4
+
+
+# -- pipeline_gaps.sql's _pipeline_p2p_stalls in numpy (analyses/pipeline_sweep.py) ------------------
+
+def _sql_stalls(con) -> None:
+    """The view's SQL (pipeline_gaps.sql) as ``sql_stalls`` in ``con``, over ``sql_islands``."""
+    view = [s.query for s in con.extract_statements(M.modules()["pipeline_gaps"].text)
+            if "VIEW _pipeline_p2p_stalls" in s.query][0]
+    con.execute(view.replace("CREATE OR REPLACE TEMP VIEW _pipeline_p2p_stalls", "CREATE TEMP VIEW sql_stalls")
+                .replace("FROM _pipeline_p2p_islands", "FROM sql_islands"))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_numpy_p2p_stalls_same_rows_as_the_sql(seed):
+    """pipeline_sweep.p2p_stalls gives the SQL's rows and types on random islands (gaps of one island or
+    several, ties of the longest island between peers, NULL steps, two runs), whatever their order."""
+    from traceanalyzer.analyses import pipeline_sweep as P
+    con = _p2p_con(*_gaps_and_calls(random.Random(seed)), 5)
+    assert P.pipeline_p2p_islands(con)
+    _sql_stalls(con)
+    con.execute("CREATE TABLE shuffled AS SELECT * FROM sql_islands ORDER BY hash(c_lo, c_hi, src_rank)")
+    con.execute("CREATE OR REPLACE VIEW _pipeline_p2p_islands AS SELECT * FROM shuffled")
+    assert P.pipeline_p2p_stalls(con)
+    assert con.execute("SELECT count(*) FROM sql_stalls").fetchone()[0] > 5
+    assert _same(con, "SELECT * FROM _pipeline_p2p_stalls", "SELECT * FROM sql_stalls") == 0
+    assert con.execute("DESCRIBE _pipeline_p2p_stalls").fetchall() == con.execute("DESCRIBE sql_stalls").fetchall()
+
+
+def test_numpy_p2p_stalls_ties_and_no_rows():
+    """Two islands of one gap equally long: the lower peer; no islands: an empty table of the SQL's types."""
+    from traceanalyzer.analyses import pipeline_sweep as P
+    con = duckdb.connect()
+    con.execute("CREATE TABLE sql_islands (run VARCHAR, rank INTEGER, step INTEGER, lo_ns BIGINT, hi_ns BIGINT, "
+                "c_lo BIGINT, c_hi BIGINT, src_rank INTEGER, part_ns BIGINT)")
+    _sql_stalls(con)
+    con.execute("CREATE VIEW _pipeline_p2p_islands AS SELECT * FROM sql_islands")
+    assert P.pipeline_p2p_stalls(con)
+    assert con.execute("SELECT count(*) FROM _pipeline_p2p_stalls").fetchone()[0] == 0
+    assert con.execute("DESCRIBE _pipeline_p2p_stalls").fetchall() == con.execute("DESCRIBE sql_stalls").fetchall()
+    con.execute("INSERT INTO sql_islands VALUES ('a', 0, 1, 0, 10, 0, 3, 7, 3), ('a', 0, 1, 0, 10, 5, 8, 2, 3), "
+                "('a', 0, 1, 20, 30, 20, 40, 4, 20)")
+    assert P.pipeline_p2p_stalls(con)
+    got = con.execute("SELECT lo_ns, src_rank, stall_ns FROM _pipeline_p2p_stalls ORDER BY lo_ns").fetchall()
+    assert got == con.execute("SELECT lo_ns, src_rank, stall_ns FROM sql_stalls ORDER BY lo_ns").fetchall() == [(0, 2, 6), (20, 4, 10)]

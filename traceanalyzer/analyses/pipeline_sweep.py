@@ -18,6 +18,11 @@ gaps one call overlaps are a range found by two ``searchsorted``; a send's next 
 the islands are one running max over the parts sorted by (gap, start). Input it cannot take so
 (gaps of one rank that overlap or have no end, a call with no duration or no peer, keys or times
 that do not pack into an int64) is left to the SQL.
+
+``_pipeline_p2p_stalls``: the SQL groups the islands by their gap; here the islands, by gap as
+:func:`p2p_islands` makes them (checked; else one ``lexsort``), are cut at each new gap and added up with ``reduceat``;
+the peer of a gap's longest island (ties: the lowest rank) is a ``minimum.reduceat`` over the rows that
+reach their gap's longest. It declines NULL times and keys that do not pack.
 """
 from __future__ import annotations
 
@@ -159,6 +164,67 @@ def pipeline_p2p_islands(con) -> bool:
     return _save(con, "_pipeline_p2p_islands", out, _SELECT)
 
 
+_STALLS_SELECT = ("SELECT CAST(run AS VARCHAR) AS run, CAST(rank AS INTEGER) AS rank, CAST(step AS INTEGER) AS step, "
+                  "lo_ns, hi_ns, CAST(src_rank AS INTEGER) AS src_rank, CAST(stall_ns AS HUGEINT) AS stall_ns FROM {src}")
+
+
+def p2p_stalls(islands: pa.Table) -> pa.Table | None:
+    """``_pipeline_p2p_stalls`` over an Arrow table of ``_pipeline_p2p_islands`` (run, rank, step,
+    lo_ns, hi_ns, c_lo, c_hi, src_rank); None when it cannot (NULL times or peers, keys that do not pack)."""
+    if any(islands.column(c).null_count for c in ("lo_ns", "hi_ns", "c_lo", "c_hi", "src_rank")):
+        return None
+    packed = _partition_key([islands.column(c) for c in ("run", "rank", "step")])
+    if packed is None:
+        return None
+    key, key_bits = packed
+    lo, hi, c_lo, c_hi, src = (_i64(islands.column(c)) for c in ("lo_ns", "hi_ns", "c_lo", "c_hi", "src_rank"))
+    n = len(key)
+    if not _grouped(islands, lo, hi):   # a gap's islands together (as p2p_islands makes them: no sort)
+        rows = np.lexsort((hi, lo, key))
+        key, lo, hi, c_lo, c_hi, src = key[rows], lo[rows], hi[rows], c_lo[rows], c_hi[rows], src[rows]
+    else:
+        rows = np.arange(len(key))
+    first = np.ones(n, bool)
+    if n:
+        first[1:] = (key[1:] != key[:-1]) | (lo[1:] != lo[:-1]) | (hi[1:] != hi[:-1])
+    heads = np.flatnonzero(first)
+    if not len(heads):
+        return pa.table({"run": pa.array([], pa.string()), "rank": pa.array([], pa.int32()), "step": pa.array([], pa.int32()),
+                         **{c: pa.array([], pa.int64()) for c in ("lo_ns", "hi_ns", "src_rank", "stall_ns")}})
+    part = c_hi - c_lo
+    group = np.cumsum(first) - 1
+    longest = np.maximum.reduceat(part, heads)
+    best = np.minimum.reduceat(np.where(part == longest[group], src, np.iinfo(np.int64).max), heads)
+    stall = np.minimum(np.add.reduceat(part, heads), hi[heads] - lo[heads])
+    take = pa.array(rows[heads])
+    return pa.Table.from_arrays(
+        [islands.column(c).take(take) for c in ("run", "rank", "step")]
+        + [pa.array(a, pa.int64()) for a in (lo[heads], hi[heads], best, stall)],
+        names=["run", "rank", "step", "lo_ns", "hi_ns", "src_rank", "stall_ns"])
+
+
+def _grouped(islands: pa.Table, lo: np.ndarray, hi: np.ndarray) -> bool:
+    """Whether each (run, rank)'s rows are together in ``islands`` and in the order of their gaps' starts
+    (a start with one end: gaps of a rank are disjoint), so that each gap's rows are together."""
+    packed = _partition_key([islands.column(c) for c in ("run", "rank")])
+    if packed is None or len(lo) < 2:
+        return packed is not None
+    rr = packed[0]
+    new = rr[1:] != rr[:-1]
+    firsts = rr[np.r_[0, np.flatnonzero(new) + 1]]
+    if len(np.unique(firsts)) != len(firsts):   # a (run, rank) in two places
+        return False
+    same = ~new
+    return not (same & ((lo[1:] < lo[:-1]) | ((lo[1:] == lo[:-1]) & (hi[1:] != hi[:-1])))).any()
+
+
+def pipeline_p2p_stalls(con) -> bool:
+    """Make ``_pipeline_p2p_stalls`` (pipeline_gaps.sql) in ``con`` from ``_pipeline_p2p_islands``;
+    False (nothing made) when :func:`p2p_stalls` cannot: the caller runs the SQL."""
+    islands = con.sql("SELECT run, rank, step, lo_ns, hi_ns, c_lo, c_hi, src_rank FROM _pipeline_p2p_islands").to_arrow_table()
+    return _save(con, "_pipeline_p2p_stalls", p2p_stalls(islands), _STALLS_SELECT)
+
+
 _GAPS_SELECT = ("SELECT CAST(run AS VARCHAR) AS run, CAST(rank AS INTEGER) AS rank, CAST(step AS INTEGER) AS step, "
                 "kind, lo_ns, hi_ns FROM {src}")
 
@@ -214,4 +280,5 @@ def pipeline_gaps(con) -> bool:
 
 
 #: view -> the function that makes it in a connection (returns False to have the SQL run instead)
-COMPUTED = {"_pipeline_gaps": pipeline_gaps, "_pipeline_p2p_islands": pipeline_p2p_islands}
+COMPUTED = {"_pipeline_gaps": pipeline_gaps, "_pipeline_p2p_islands": pipeline_p2p_islands,
+            "_pipeline_p2p_stalls": pipeline_p2p_stalls}
