@@ -508,3 +508,10 @@ def test_numpy_p2p_stalls_ties_and_no_rows():
     assert P.pipeline_p2p_stalls(con)
     got = con.execute("SELECT lo_ns, src_rank, stall_ns FROM _pipeline_p2p_stalls ORDER BY lo_ns").fetchall()
     assert got == con.execute("SELECT lo_ns, src_rank, stall_ns FROM sql_stalls ORDER BY lo_ns").fetchall() == [(0, 2, 6), (20, 4, 10)]
+    # one span as the gap of two steps, their rows interleaved (the SQL's islands of overlapping gaps)
+    con.execute("DELETE FROM sql_islands")
+    con.execute("INSERT INTO sql_islands VALUES ('a', 0, 1, 0, 10, 0, 2, 7, 2), ('a', 0, 2, 0, 10, 0, 5, 3, 5), "
+                "('a', 0, 1, 0, 10, 4, 6, 8, 2)")
+    assert P.pipeline_p2p_stalls(con)
+    got = con.execute("SELECT step, src_rank, stall_ns FROM _pipeline_p2p_stalls ORDER BY step").fetchall()
+    assert got == con.execute("SELECT step, src_rank, stall_ns FROM sql_stalls ORDER BY step").fetchall() == [(1, 7, 4), (2, 3, 5)]
