@@ -154,6 +154,10 @@ def test_bad_op_timelines(tmp_path, run_cli):
     _one_line(run_cli, plain, store, "cannot tell the op timeline's time unit", "--column-map unit=")
     no_rank2 = _variant(tmp_path, "r.parquet", lambda t: t.filter(pa.compute.not_equal(t["rank"], 2)))
     _one_line(run_cli, no_rank2, store, "no rows for rank(s) 2 of 0-3")
+    def no_type(t):   # an op with no type (was an internal IndexError)
+        ops = t.column("op").to_pylist()
+        return t.set_column(t.column_names.index("op"), "op", pa.array([None] + ops[1:], pa.string()).dictionary_encode())
+    _one_line(run_cli, _variant(tmp_path, "n.parquet", no_type), store, "column 'op' has 1 empty value(s)")
 
 
 def test_unknown_op_types_kept_as_compute(tmp_path, run_cli):

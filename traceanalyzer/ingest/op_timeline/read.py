@@ -129,6 +129,8 @@ def scan(path: Path, pieces: list[Piece], schema, cols: dict, times: bool, csv_t
         keys = [rank] + [_ints(path, t, cols[d]) if cols[d] else np.zeros(len(rank), np.int64) for d in dims]
         _coords(keys, coords, conflicts)
         op = t.column(cols["op"])   # a dictionary column is counted as it is (its cast was ~40 % of the scan)
+        if op.null_count:   # an op without a type has no name to keep it under
+            raise TraceInputError(path, f"op timeline column {cols['op']!r} has {op.null_count} empty value(s)")
         counts = pc.value_counts(op if pa.types.is_dictionary(op.type) else op.cast(pa.string()))
         for o, k in zip(counts.field("values").to_pylist(), counts.field("counts").to_pylist()):
             ops[str(o)] = ops.get(str(o), 0) + k
