@@ -179,7 +179,7 @@ def p2p_stalls(islands: pa.Table) -> pa.Table | None:
     key, key_bits = packed
     lo, hi, c_lo, c_hi, src = (_i64(islands.column(c)) for c in ("lo_ns", "hi_ns", "c_lo", "c_hi", "src_rank"))
     n = len(key)
-    if not _grouped(islands, key, lo, hi):   # a gap's islands together (as p2p_islands makes them: no sort)
+    if not _grouped(key, lo, hi):   # a gap's islands together (as p2p_islands makes them: no sort)
         rows = np.lexsort((hi, lo, key))
         key, lo, hi, c_lo, c_hi, src = key[rows], lo[rows], hi[rows], c_lo[rows], c_hi[rows], src[rows]
     else:
@@ -203,20 +203,15 @@ def p2p_stalls(islands: pa.Table) -> pa.Table | None:
         names=["run", "rank", "step", "lo_ns", "hi_ns", "src_rank", "stall_ns"])
 
 
-def _grouped(islands: pa.Table, key: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> bool:
-    """Whether each (run, rank)'s rows are together in ``islands`` and in the order of their gaps' starts,
-    rows of one start having one end and step (``key``: run, rank, step), so that each gap's rows are
-    together."""
-    packed = _partition_key([islands.column(c) for c in ("run", "rank")])
-    if packed is None or len(lo) < 2:
-        return packed is not None
-    rr = packed[0]
-    new = rr[1:] != rr[:-1]
-    firsts = rr[np.r_[0, np.flatnonzero(new) + 1]]
-    if len(np.unique(firsts)) != len(firsts):   # a (run, rank) in two places
+def _grouped(key: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> bool:
+    """Whether each ``key``'s (run, rank, step) rows are together and in the order of their gaps' starts,
+    one start having one end, so that each gap's rows are together."""
+    if len(key) < 2:
+        return True
+    new = key[1:] != key[:-1]
+    if len(np.unique(key[np.r_[0, np.flatnonzero(new) + 1]])) != int(new.sum()) + 1:   # a key in two places
         return False
-    same = ~new
-    return not (same & ((lo[1:] < lo[:-1]) | ((lo[1:] == lo[:-1]) & ((hi[1:] != hi[:-1]) | (key[1:] != key[:-1]))))).any()
+    return not (~new & ((lo[1:] < lo[:-1]) | ((lo[1:] == lo[:-1]) & (hi[1:] != hi[:-1])))).any()
 
 
 def pipeline_p2p_stalls(con) -> bool:
