@@ -399,6 +399,9 @@ def test_bind_makes_p2p_islands_with_the_sqls_rows_on_real_pipelines(tmp_path, r
     assert _same(con, "SELECT * FROM _pipeline_gaps", "SELECT * FROM sql_gaps") == 0   # (numpy too)
     _sql_stalls(con)   # over the SQL's islands: the numpy stalls of the numpy islands are the SQL's of the SQL's
     assert _same(con, "SELECT * FROM _pipeline_p2p_stalls", "SELECT * FROM sql_stalls") == 0
+    _sql_idle_sums(con)   # over the views above, each the SQL's rows
+    assert con.execute("SELECT count(*) FROM sql_sums WHERE kind IN ('stall', 'other')").fetchone()[0] > 5
+    assert _same(con, "SELECT * FROM _pipeline_idle_sums", "SELECT * FROM sql_sums") == 0
 
 
 # -- pipeline_gaps.sql's _pipeline_gaps in numpy (analyses/pipeline_sweep.py) -------------------------
@@ -515,3 +518,50 @@ def test_numpy_p2p_stalls_ties_and_no_rows():
     assert P.pipeline_p2p_stalls(con)
     got = con.execute("SELECT step, src_rank, stall_ns FROM _pipeline_p2p_stalls ORDER BY step").fetchall()
     assert got == con.execute("SELECT step, src_rank, stall_ns FROM sql_stalls ORDER BY step").fetchall() == [(1, 7, 4), (2, 3, 5)]
+
+
+# -- pipeline_gaps.sql's _pipeline_idle_sums in numpy (analyses/pipeline_sweep.py) -------------------
+
+def _sql_idle_sums(con) -> None:
+    """The view's SQL (pipeline_gaps.sql) as ``sql_sums`` in ``con``."""
+    view = [s.query for s in con.extract_statements(M.modules()["pipeline_gaps"].text)
+            if "VIEW _pipeline_idle_sums" in s.query][0]
+    con.execute(view.replace("CREATE OR REPLACE TEMP VIEW _pipeline_idle_sums", "CREATE TEMP VIEW sql_sums"))
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_numpy_idle_sums_same_rows_as_the_sql(seed):
+    """pipeline_sweep.idle_sums gives the SQL's rows and types from random gaps and their stalls
+    (warmup and cooldown of zero length, gaps with no stall, stalls of several peers, NULL steps whose
+    gaps the SQL's join leaves whole, gaps of two steps with one span)."""
+    from traceanalyzer.analyses import pipeline_sweep as P
+    con = _p2p_con(*_gaps_and_calls(random.Random(seed)), 5)
+    assert P.pipeline_p2p_islands(con) and P.pipeline_p2p_stalls(con)
+    _sql_idle_sums(con)
+    assert P.pipeline_idle_sums(con)
+    kinds = dict(con.execute("SELECT kind, count(*) FROM sql_sums GROUP BY kind").fetchall())
+    assert kinds.get("stall", 0) > 2 and kinds.get("other", 0) > 2 and kinds.get("warmup", 0) > 2
+    assert _same(con, "SELECT * FROM _pipeline_idle_sums", "SELECT * FROM sql_sums") == 0
+
+
+def test_numpy_idle_sums_null_steps_ties_and_no_rows():
+    """A NULL step's gap keeps its whole length as 'other' (the SQL's join matches no stall); one span
+    that is the gap of two steps is matched per step; no rows: an empty table of the SQL's types."""
+    from traceanalyzer.analyses import pipeline_sweep as P
+    con = duckdb.connect()
+    con.execute("CREATE TABLE _pipeline_gaps (run VARCHAR, rank INTEGER, step INTEGER, kind VARCHAR, lo_ns BIGINT, hi_ns BIGINT)")
+    con.execute("CREATE TABLE _pipeline_p2p_stalls (run VARCHAR, rank INTEGER, step INTEGER, lo_ns BIGINT, hi_ns BIGINT, "
+                "src_rank INTEGER, stall_ns HUGEINT)")
+    _sql_idle_sums(con)
+    assert P.pipeline_idle_sums(con)
+    assert con.execute("SELECT count(*) FROM _pipeline_idle_sums").fetchone()[0] == 0
+    assert con.execute("DESCRIBE _pipeline_idle_sums").fetchall() == con.execute("DESCRIBE sql_sums").fetchall()
+    con.execute("INSERT INTO _pipeline_gaps VALUES ('a', 0, NULL, 'gap', 0, 10), ('a', 0, 1, 'gap', 20, 30), "
+                "('a', 0, 2, 'gap', 20, 30), ('a', 0, 1, 'warmup', 5, 5), ('a', 0, 2, 'cooldown', 40, 47)")
+    con.execute("INSERT INTO _pipeline_p2p_stalls VALUES ('a', 0, NULL, 0, 10, 3, 4), ('a', 0, 1, 20, 30, 3, 10), "
+                "('a', 0, 2, 20, 30, 5, 6)")
+    assert P.pipeline_idle_sums(con)
+    got = con.execute("SELECT step, kind, caused_by_rank, dur_ns FROM _pipeline_idle_sums ORDER BY ALL").fetchall()
+    assert got == con.execute("SELECT step, kind, caused_by_rank, dur_ns FROM sql_sums ORDER BY ALL").fetchall()
+    assert got == [(1, "stall", 3, 10), (2, "cooldown", None, 7), (2, "other", None, 4), (2, "stall", 5, 6),
+                   (None, "other", None, 10), (None, "stall", 3, 4)]

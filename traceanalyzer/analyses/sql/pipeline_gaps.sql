@@ -122,6 +122,7 @@ FROM _pipeline_p2p_islands GROUP BY run, rank, step, lo_ns, hi_ns;
 -- The idle time of each rank and step per kind and peer, from its own calls (what pipeline_idle's rows
 -- add up to before the collective waits: _pipeline_idle_steps corrects the gaps they fall in).
 -- Columns: run, rank, step, kind (warmup/cooldown/stall/other), caused_by_rank (stalls), dur_ns.
+-- (Made in numpy, pipeline_sweep.py, unless it declines.)
 -- scope: rank
 CREATE OR REPLACE TEMP VIEW _pipeline_idle_sums AS
 SELECT run, rank, step, kind, caused_by_rank, sum(dur_ns) AS dur_ns FROM (
