@@ -301,7 +301,7 @@ def _sums(group: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray
 def idle_sums(gaps: pa.Table, stalls: pa.Table) -> pa.Table | None:
     """``_pipeline_idle_sums`` over Arrow tables of ``_pipeline_gaps`` (run, rank, step, kind, lo_ns,
     hi_ns) and ``_pipeline_p2p_stalls`` (run, rank, step, lo_ns, hi_ns, src_rank, stall_ns); None when
-    it cannot (NULL times or peers, keys that do not pack, two gaps of one step with the same span).
+    it cannot (NULL times or peers, keys that do not pack, two gaps of one step with the same start).
     A gap's 'other' time is its length less the stall of the same (run, rank, step, lo_ns, hi_ns), as
     the SQL's join (a NULL step matches no stall)."""
     ng = gaps.num_rows
