@@ -150,11 +150,15 @@ def p2p_islands(gaps: pa.Table, calls: pa.Table, tail_ns: int | None) -> pa.Tabl
         names=["run", "rank", "step", "lo_ns", "hi_ns", "c_lo", "c_hi", "src_rank", "part_ns"])
 
 
+def _joint_columns(a: pa.Table, b: pa.Table, names=("run", "rank")) -> list[pa.ChunkedArray]:
+    """Key columns ``names`` of the rows of ``a`` then ``b`` (run as text, the others int64)."""
+    return [pa.chunked_array(a.column(c).cast(t).chunks + b.column(c).cast(t).chunks, type=t)
+            for c in names for t in [pa.string() if c == "run" else pa.int64()]]
+
+
 def _joint_key(gaps: pa.Table, calls: pa.Table):
     """One int64 per row of the gaps then the calls, equal exactly when (run, rank) are."""
-    cols = [pa.chunked_array(gaps.column(c).cast(t).chunks + calls.column(c).cast(t).chunks, type=t)
-            for c, t in (("run", pa.string()), ("rank", pa.int64()))]
-    return _partition_key(cols)
+    return _partition_key(_joint_columns(gaps, calls))
 
 
 def _empty() -> pa.Table:
@@ -308,8 +312,7 @@ def idle_sums(gaps: pa.Table, stalls: pa.Table) -> pa.Table | None:
     if any(gaps.column(c).null_count for c in ("lo_ns", "hi_ns")) or \
             any(stalls.column(c).null_count for c in ("lo_ns", "hi_ns", "src_rank", "stall_ns")):
         return None
-    cols = [pa.chunked_array(gaps.column(c).cast(t).chunks + stalls.column(c).cast(t).chunks, type=t)
-            for c, t in (("run", pa.string()), ("rank", pa.int64()), ("step", pa.int64()))]
+    cols = _joint_columns(gaps, stalls, ("run", "rank", "step"))
     packed = _partition_key(cols)
     if packed is None:
         return None
