@@ -7,8 +7,11 @@
   built tables' dictionary columns as they are (no hashing of every string; the Arrow schema is not
   stored, so a reader sees the strings the Parquet types say, as in any other file), no min/max
   statistics for text (``args_json`` compared per row), delta encoding for the time and id
-  columns (increasing per rank), zstd level 1: ~40 % less CPU than the store's default options,
-  files about half the size, read as fast or faster by DuckDB (benchmarks/RESULTS.md, issue 17);
+  columns (increasing per rank), LZ4 (benchmarks/RESULTS.md, issue 17). With zstd level 1 these
+  options took ~40 % less CPU than the store's defaults (zstd, a dictionary tried for every column,
+  statistics for all) for files half the size, read as fast by DuckDB; LZ4 (session 34) writes with
+  a quarter less CPU again (the ingest of 2,048 ranks 17-19 % shorter) and reads ~4 % cheaper in the
+  analyses' map, for files ~25 % larger than zstd level 1's;
 - the small ones (``ranks``, ``threads``, ``process_groups``, ``steps``, ``flows``; a few rows per
   rank): no compression, dictionary or statistics (a file's fixed cost is per column and option);
   the empty ``flows`` file is the same bytes for every rank: made once;
@@ -36,7 +39,8 @@ BIG = ("events", "comms")
 #: delta-encoded columns of the big tables: increasing within a rank
 DELTA_COLUMNS = ("event_id", "comm_id", "ts_ns", "start_ts_ns", "end_ts_ns", "enqueue_ts_ns",
                  "enqueue_event_id", "exec_event_id")
-ZSTD_LEVEL = 1
+#: the big tables' codec (see the module's docstring)
+COMPRESSION = "lz4"
 ROW_GROUP_ROWS = 256 * 1024
 
 _options: dict[tuple, dict] = {}
@@ -49,7 +53,7 @@ def write_options(name: str, schema: pa.Schema) -> dict:
     if key not in _options:
         if name in BIG:
             text = [f.name for f in schema if _is_text(f.type)]
-            _options[key] = {"compression": "zstd", "compression_level": ZSTD_LEVEL, "use_dictionary": text,
+            _options[key] = {"compression": COMPRESSION, "use_dictionary": text,
                              "write_statistics": [f.name for f in schema if not _is_text(f.type)],
                              "column_encoding": {c: "DELTA_BINARY_PACKED" for c in DELTA_COLUMNS if c in schema.names},
                              "row_group_size": ROW_GROUP_ROWS, "store_schema": False}
