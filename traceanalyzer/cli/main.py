@@ -104,12 +104,17 @@ def _cmd_sql(args) -> int:
 
 
 def _cmd_analyze(args) -> int:
-    from ..analyses.results import analyze, format_text, to_json
+    from ..analyses.results import analyze, format_text, json_pieces
     params = _parse_params(args.set or [])
     only = [x.strip() for x in args.only.split(",")] if args.only else None
     results = analyze(args.store, run=args.run, only=only, save_results=not args.no_save,
                       summaries=not args.no_summaries, dask=_dask_spec(args), n_workers=args.workers, **params)
-    print(to_json(results, params) if args.json else format_text(results, params))
+    if not args.json:
+        print(format_text(results, params))
+        return 0
+    for piece in json_pieces(results, params):  # written as made: the document is never whole in memory
+        sys.stdout.write(piece)
+    sys.stdout.write("\n")
     return 0
 
 
